@@ -1,0 +1,1 @@
+"""GDN kernels (Triton) and the plain PyTorch reference they are tested against."""

@@ -14,8 +14,8 @@ chunk j of a sequence covers absolute positions [(n // 64 + j) * 64, (n // 64 + 
 clipped to [n, n + q): a span that starts mid-chunk first finishes that chunk.
 
 All tensors are int32 and may be longer than the live batch (persistent buffers sized for the
-maximum): the tail of cu_seqlens / ckpt_offsets repeats the last value, every other tail entry is
--1. Launch grids depend only on the buffer lengths, so a captured graph replays any batch.
+maximum): the tail of cu_seqlens / ckpt_offsets repeats the last value, start_pos is 0 there and
+every other tail entry is -1. Launch grids depend only on the buffer lengths, so a captured graph replays any batch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,339 @@
+"""Host-side batch planning: token counts + block tables -> persistent device buffers.
+
+One ``GDNPlanner`` owns every device buffer that the GDN kernels (and any CUDA graph captured around
+them) read to learn what a step does. They are allocated once, at their maximum sizes, as views of
+ONE flat int32 device tensor, so each ``plan()`` is a single host-to-device copy and a captured
+graph replays any later plan (pointers never move; the tails say "nothing here").
+
+Rows are in the caller's order. The leading rows that schedule exactly one token are decode rows
+(their tokens come first in the flat token arrays); every row after the first one that schedules
+more than one token is a prefill row (chunk path), whatever its length. For a row that starts with
+``n`` computed tokens and schedules ``q`` (block size B, block-table entries are pool slots):
+
+    read slot   table[(n - 1) // B]       (NO_SLOT when n == 0: start from zeros)
+    write slot  table[(n + q - 1) // B]
+    checkpoint  table[p // B - 1]         for every multiple p of B strictly inside (n, n + q)
+
+A checkpoint entry may be NO_SLOT (store nothing). A checkpoint whose slot equals the row's write
+slot is stored as NO_SLOT: the final state lands there anyway. That is how an engine without prefix
+caching works: it passes one slot repeated for every block.
+
+Validation happens on the host BEFORE any buffer is touched, so a rejected call leaves the previous
+plan intact. Only the table entries that the step uses are range-checked (a long-context table can
+hold thousands of entries per row; the unused ones are never read by a kernel).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gdn_graphs import nvtx
+from gdn_graphs.constants import CHUNK, NO_SLOT
+from gdn_graphs.ops.meta import ChunkMeta, host_chunk_meta, max_chunks_bound, max_ckpts_bound
+from gdn_graphs.ops.meta import num_chunks as _num_chunks
+
+__all__ = ["PlanLimits", "StepPlan", "GDNPlanner"]
+
+# Every buffer view starts on a 16-byte boundary (4 int32), so kernels see aligned pointers.
+_ALIGN = 4
+
+# Order of the ChunkMeta fields in the flat buffer; must match host_chunk_meta's keys.
+_META_FIELDS = ("cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots",
+                "chunk_seq", "chunk_idx")
+
+
+def _is_int(x: Any) -> bool:
+    t = type(x)
+    if t is int:  # the common case, without the slow ABC check
+        return True
+    return t is not bool and isinstance(x, numbers.Integral)
+
+
+def _as_list(xs: Any) -> list:
+    return xs.tolist() if hasattr(xs, "tolist") else list(xs)
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """Maxima that size the planner's persistent buffers."""
+
+    max_seqs: int            # rows in one step
+    max_tokens: int          # scheduled tokens in one step
+    block_size: int          # B, a positive multiple of CHUNK
+    num_slots: int           # slots in the state pools
+    max_blocks_per_seq: int  # width of a block-table row
+
+    def __post_init__(self):
+        for name in ("max_seqs", "max_tokens", "block_size", "num_slots", "max_blocks_per_seq"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"PlanLimits.{name} must be a positive int, got {v!r}")
+        if self.block_size % CHUNK:
+            raise ValueError(f"PlanLimits.block_size must be a positive multiple of {CHUNK}, "
+                             f"got {self.block_size}")
+
+    @property
+    def max_chunks(self) -> int:
+        return max_chunks_bound(self.max_tokens, self.max_seqs)
+
+    @property
+    def max_ckpts(self) -> int:
+        return max_ckpts_bound(self.max_tokens, self.max_seqs, self.block_size)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Host-side summary of what ``plan()`` put into the buffers (slots as the kernels see them)."""
+
+    num_decodes: int
+    num_prefills: int
+    num_prefill_tokens: int
+    num_tokens: int                      # real scheduled tokens (decodes first, then prefills)
+    padded_decodes: int                  # decode rows to launch (== num_decodes unless padded)
+    num_chunks: int                      # live entries of the prefill chunk table
+    num_ckpts: int                       # live entries of prefill.ckpt_slots
+    decode_read: tuple[int, ...]
+    decode_write: tuple[int, ...]
+    prefill_start_pos: tuple[int, ...]
+    prefill_read: tuple[int, ...]
+    prefill_write: tuple[int, ...]
+    prefill_ckpts: tuple[tuple[int, ...], ...]  # per prefill row, NO_SLOT where nothing is stored
+
+    @property
+    def num_seqs(self) -> int:
+        return self.num_decodes + self.num_prefills
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.num_prefills == 0
+
+
+class GDNPlanner:
+    """Owns the persistent device buffers of one model's GDN layers and fills them each step.
+
+    Buffers (int32, all views of one flat tensor ``self.flat``; never reallocated):
+        decode_read[max_seqs], decode_write[max_seqs]   slots of decode row i; tail NO_SLOT
+        prefill: ChunkMeta                              see gdn_graphs.ops.meta (tails padded there)
+    ``plan()`` enqueues its copy on the current CUDA stream, so kernels or graph replays enqueued
+    later on that stream see the new plan and earlier ones still see the old one.
+    """
+
+    def __init__(self, limits: PlanLimits, device: torch.device | str = "cpu"):
+        self.limits = limits
+        self.device = torch.device(device)
+        S = limits.max_seqs
+        sizes = {"decode_read": S, "decode_write": S, "cu_seqlens": S + 1, "start_pos": S,
+                 "read_slot": S, "write_slot": S, "ckpt_offsets": S + 1,
+                 "ckpt_slots": limits.max_ckpts, "chunk_seq": limits.max_chunks,
+                 "chunk_idx": limits.max_chunks}
+        self._spans: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, size in sizes.items():
+            self._spans[name] = (off, size)
+            off += -(-size // _ALIGN) * _ALIGN
+        self._total = off
+
+        # zeros, not empty: the alignment gaps are never written and must not hold garbage.
+        self.flat = torch.zeros(self._total, dtype=torch.int32, device=self.device)
+        views = {name: self.flat[o:o + n] for name, (o, n) in self._spans.items()}
+        self.decode_read: torch.Tensor = views["decode_read"]
+        self.decode_write: torch.Tensor = views["decode_write"]
+        self.prefill = ChunkMeta(block_size=limits.block_size, **{k: views[k] for k in _META_FIELDS})
+
+        # Host staging. On CUDA: two pinned buffers used in turn, each guarded by an event, so a
+        # non_blocking copy still in flight is never overwritten and plan() can run one step ahead.
+        use_cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        n_stage = 2 if use_cuda else 1
+        self._staging = [torch.zeros(self._total, dtype=torch.int32, pin_memory=use_cuda)
+                         for _ in range(n_stage)]
+        self._staging_np = [t.numpy() for t in self._staging]
+        self._events: list[Any] = [None] * n_stage
+        self._turn = 0
+        self._non_blocking = use_cuda
+
+        # The prefill part of a pure-decode step never changes: build it once.
+        empty = host_chunk_meta([], [], [], [], [], limits.block_size, max_seqs=S,
+                                max_chunks=limits.max_chunks, max_ckpts=limits.max_ckpts)
+        self._empty_prefill = {k: np.asarray(v, dtype=np.int32) for k, v in empty.items()}
+
+        self.last_plan: StepPlan = self.plan([], [], [])
+
+    # ------------------------------------------------------------------ public API
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every persistent tensor a captured graph may read (for GraphManager's data_ptr guard)."""
+        p = self.prefill
+        return [self.decode_read, self.decode_write, p.cu_seqlens, p.start_pos, p.read_slot,
+                p.write_slot, p.ckpt_offsets, p.ckpt_slots, p.chunk_seq, p.chunk_idx]
+
+    def plan(self, num_computed: Sequence[int], num_scheduled: Sequence[int],
+             block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None) -> StepPlan:
+        """Validate one step and write it into the persistent buffers.
+
+        num_computed[i]: tokens of row i computed before this step (n); num_scheduled[i]: tokens
+        scheduled now (q >= 1); block_tables[i]: pool slot of each block of row i (NO_SLOT allowed
+        where nothing is stored); lists, tuples, numpy arrays or CPU tensors.
+        pad_decodes_to: for a pure decode batch, the graph bucket it will be replayed at (rows
+        beyond the real ones are NO_SLOT/NO_SLOT, as is every tail).
+        Raises ValueError, naming the row, before touching any buffer.
+        """
+        with nvtx.range("gdn.plan"):
+            step, meta_lists = self._build(num_computed, num_scheduled, block_tables, pad_decodes_to)
+            self._commit(step, meta_lists)
+            self.last_plan = step
+            return step
+
+    # ------------------------------------------------------------------ host side, no buffer touched
+
+    def _build(self, num_computed, num_scheduled, block_tables, pad_decodes_to):
+        L = self.limits
+        B = L.block_size
+        ns, qs, tables = _as_list(num_computed), _as_list(num_scheduled), block_tables
+        if isinstance(tables, torch.Tensor):
+            tables = tables.cpu().numpy()  # numpy row slices are much cheaper than tensor ones
+        if not (len(ns) == len(qs) == len(tables)):
+            raise ValueError(f"num_computed, num_scheduled and block_tables differ in length: "
+                             f"{len(ns)}, {len(qs)}, {len(tables)}")
+        rows = len(ns)
+        if rows > L.max_seqs:
+            raise ValueError(f"batch of {rows} rows is larger than max_seqs={L.max_seqs}")
+        for i, (n, q) in enumerate(zip(ns, qs)):
+            if not _is_int(n) or not _is_int(q):
+                raise ValueError(f"row {i}: num_computed and num_scheduled must be ints, got {n!r}, {q!r}")
+            if q < 1 or n < 0:
+                raise ValueError(f"row {i}: needs num_scheduled >= 1 and num_computed >= 0, got q={q}, n={n}")
+        ns, qs = [int(n) for n in ns], [int(q) for q in qs]  # numpy scalars -> int
+        total = sum(qs)
+        if total > L.max_tokens:
+            raise ValueError(f"batch schedules {total} tokens, more than max_tokens={L.max_tokens}")
+
+        num_decodes = 0
+        while num_decodes < rows and qs[num_decodes] == 1:
+            num_decodes += 1
+
+        reads: list[int] = []
+        writes: list[int] = []
+        ckpts: list[list[int]] = []
+        num_slots, max_width = L.num_slots, L.max_blocks_per_seq
+        for i in range(rows):
+            n, q, row = ns[i], qs[i], tables[i]
+            width = len(row)
+            if width > max_width:
+                raise ValueError(f"row {i}: block table has {width} entries, more than "
+                                 f"max_blocks_per_seq={max_width}")
+            last = (n + q - 1) // B
+            if last >= width:
+                raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} "
+                                 f"needs block {last} (B={B})")
+            # The step touches blocks lo..last only: (n-1)//B is n//B or the block before it.
+            lo = (n - 1) // B if n > 0 else 0
+            used = _as_list(row[lo:last + 1])
+            for j, s in enumerate(used):
+                if type(s) is not int:
+                    if not _is_int(s):
+                        raise ValueError(f"row {i}: block table entry {lo + j} is not an int: {s!r}")
+                    used[j] = s = int(s)
+                if s < NO_SLOT or s >= num_slots:
+                    raise ValueError(f"row {i}: block table entry {lo + j} = {s} is outside "
+                                     f"[{NO_SLOT}, {num_slots})")
+            w = used[-1]
+            if w == NO_SLOT:
+                raise ValueError(f"row {i}: write slot table[{last}] is {NO_SLOT}")
+            if n > 0:
+                r = used[0]  # table[(n - 1) // B]
+                if r == NO_SLOT:
+                    raise ValueError(f"row {i}: read slot table[{lo}] is {NO_SLOT} but n={n} > 0 "
+                                     f"tokens were computed")
+            else:
+                r = NO_SLOT
+            # checkpoints: p = (n//B + 1 + e) * B  ->  table[n//B + e] for e < last - n//B
+            reads.append(r)
+            writes.append(w)
+            ckpts.append([NO_SLOT if s == w else s for s in used[n // B - lo:-1]])
+
+        self._check_conflicts(ns, reads, writes, ckpts)
+
+        if pad_decodes_to is None:
+            padded = num_decodes
+        else:
+            if not _is_int(pad_decodes_to):
+                raise ValueError(f"pad_decodes_to must be an int, got {pad_decodes_to!r}")
+            if num_decodes < rows:
+                raise ValueError(f"pad_decodes_to is only for pure decode batches, but row "
+                                 f"{num_decodes} schedules {qs[num_decodes]} tokens (a prefill row)")
+            if pad_decodes_to < num_decodes:
+                raise ValueError(f"pad_decodes_to={pad_decodes_to} is smaller than the "
+                                 f"{num_decodes} decode rows")
+            if pad_decodes_to > L.max_seqs:
+                raise ValueError(f"pad_decodes_to={pad_decodes_to} is larger than max_seqs={L.max_seqs}")
+            padded = pad_decodes_to
+
+        d = num_decodes
+        meta_lists = None
+        num_chunks = num_ckpts = 0
+        if d < rows:
+            meta_lists = host_chunk_meta(qs[d:], ns[d:], reads[d:], writes[d:], ckpts[d:], B,
+                                         max_seqs=L.max_seqs, max_chunks=L.max_chunks,
+                                         max_ckpts=L.max_ckpts)
+            num_ckpts = sum(len(c) for c in ckpts[d:])
+            num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[d:], qs[d:]))
+        step = StepPlan(
+            num_decodes=d, num_prefills=rows - d, num_prefill_tokens=total - d, num_tokens=total,
+            padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
+            decode_read=tuple(reads[:d]), decode_write=tuple(writes[:d]),
+            prefill_start_pos=tuple(ns[d:]), prefill_read=tuple(reads[d:]),
+            prefill_write=tuple(writes[d:]), prefill_ckpts=tuple(tuple(c) for c in ckpts[d:]))
+        return step, meta_lists
+
+    @staticmethod
+    def _check_conflicts(ns, reads, writes, ckpts) -> None:
+        """No slot is written twice in one step, and no row writes a slot another row reads
+        (that would corrupt the other request's starting state). A row may read and write its
+        own slot (decode in place; first checkpoint in the block it resumes from)."""
+        writer: dict[int, int] = {}
+        for i, (w, ck) in enumerate(zip(writes, ckpts)):
+            for s in (w, *ck):
+                if s == NO_SLOT:
+                    continue
+                j = writer.get(s)
+                if j == i:
+                    raise ValueError(f"row {i}: writes slot {s} twice in one step")
+                if j is not None:
+                    raise ValueError(f"row {i}: writes slot {s}, which row {j} also writes")
+                writer[s] = i
+        for i, (n, r) in enumerate(zip(ns, reads)):
+            if n > 0:
+                j = writer.get(r, i)
+                if j != i:
+                    raise ValueError(f"row {i}: reads slot {r}, which row {j} writes in the same step")
+
+    # ------------------------------------------------------------------ device side
+
+    def _commit(self, step: StepPlan, meta_lists: dict[str, list[int]] | None) -> None:
+        k = self._turn
+        self._turn = (k + 1) % len(self._staging)
+        if self._events[k] is not None:
+            self._events[k].synchronize()  # the copy that last read this staging buffer is done
+        st = self._staging_np[k]
+        o, size = self._spans["decode_read"]
+        d = step.num_decodes
+        st[o:o + d] = step.decode_read
+        st[o + d:o + size] = NO_SLOT
+        o, size = self._spans["decode_write"]
+        st[o:o + d] = step.decode_write
+        st[o + d:o + size] = NO_SLOT
+        src = self._empty_prefill if meta_lists is None else meta_lists
+        for name in _META_FIELDS:
+            o, size = self._spans[name]
+            st[o:o + size] = src[name]
+        with nvtx.range("gdn.plan.copy"):
+            self.flat.copy_(self._staging[k], non_blocking=self._non_blocking)
+            if self._non_blocking:
+                if self._events[k] is None:
+                    self._events[k] = torch.cuda.Event()
+                self._events[k].record()

@@ -1,0 +1,441 @@
+"""Causal depthwise conv1d (+ SiLU) over a conv-state pool, for decode and for varlen prefill.
+
+Pool layout: ``conv[num_slots, C, W-1]`` holds, per slot and channel, the last W-1 inputs (oldest
+first). Any strides are accepted, so a pool whose slot stride exceeds C*(W-1) (vLLM pads pages)
+works. Slot -1 is never read or written (see gdn_graphs/constants.py).
+
+Both entry points are CUDA-graph safe: grids depend only on buffer shapes, nothing synchronises,
+nothing is allocated except ``out`` when it is None, and all data-dependent choices happen on the
+device.
+
+Prefill race hazard, and how it is avoided: within one sequence, a checkpoint slot or the write slot
+may be the read slot (n = 100, B = 64: the read slot is table[1] and the state after 128 tokens also
+goes to table[1]); and a short sequence's final window, or an early checkpoint's window, contains
+initial-window values. So, per sequence and channel block, exactly one program (the one of chunk 0)
+touches the pool: it loads everything it needs from the pool first, then a CTA barrier (loads and
+stores of different layouts put the same element in different threads), then stores the checkpoints
+in order, another barrier, then the final window. The first W-1 tokens of a span (whose conv windows
+reach into the initial window) are computed by that program's small "head" tile, even when they lie
+in chunk 1 (n % 64 > 64 - W + 1); every other program reads x only and never touches the pool.
+
+Grids: decode (N, cdiv(C, BLOCK_C)); prefill (cdiv(C, BLOCK_C), max(max_chunks, cdiv(T, 64))), with
+channel blocks fastest so that CTAs resident together stream whole rows of x. Row tile i_t of the
+prefill grid also zeroes the padding rows [cu_seqlens[-1], T) that fall in [64 i_t, 64 i_t + 64).
+
+Supported kernel widths: 2 <= W <= 8 (tested: 2, 3, 4, 6). Arithmetic is fp32 with the same
+operation sequence everywhere (taps oldest first, then bias, then SiLU), so a token's output does
+not depend on which tile or kernel computed it: a warm run resumed from a stored window repeats the
+cold run's bits, and decoding token n + 1 matches prefilling it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_graphs.constants import CHUNK
+
+MAX_WIDTH = 8
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ACTIVATIONS = ("silu", None)
+
+# Defaults; every public function takes overrides.
+DECODE_BLOCK_C, DECODE_NUM_WARPS = 512, 2  # 8 channels a thread: 16-byte bf16 accesses
+PREFILL_BLOCK_C, PREFILL_NUM_WARPS = 64, 4
+PREFILL_BLOCK_E = 16  # checkpoints stored per iteration by chunk 0's program
+
+
+# --------------------------------------------------------------------------------------------- #
+# kernels
+# --------------------------------------------------------------------------------------------- #
+
+
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
+@triton.jit
+def _conv_decode_kernel(
+    x, weight, bias, conv, y, read_slot, write_slot,
+    C,
+    stride_x, stride_y, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
+    W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    i_c = tl.program_id(1)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    o_m = tl.arange(0, WP)
+    m_m = o_m < W - 1
+
+    rs = tl.load(read_slot + i_n)
+    ws = tl.load(write_slot + i_n)
+    has_init = rs >= 0
+    src = conv + rs.to(tl.int64) * stride_ss + o_c * stride_sc  # [BLOCK_C] (deref'ed only if rs >= 0)
+
+    # Phase 1: every load. Layouts of loads and stores may differ (different threads own the same
+    # element), so in-place (read == write, or out == x) needs all loads done before the barrier.
+    xv = tl.load(x + i_n * stride_x + o_c, mask=m_c, other=0.0)
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for k in tl.static_range(W - 1):
+        v = tl.load(src + k * stride_sk, mask=m_c & has_init, other=0.0).to(tl.float32)
+        wk = tl.load(weight + o_c * stride_wc + k * stride_wk, mask=m_c, other=0.0).to(tl.float32)
+        acc += v * wk
+    wk = tl.load(weight + o_c * stride_wc + (W - 1) * stride_wk, mask=m_c, other=0.0).to(tl.float32)
+    acc += xv.to(tl.float32) * wk
+    if HAS_BIAS:
+        acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    # A padded row (both slots -1) outputs zeros.
+    acc = tl.where((rs < 0) & (ws < 0), 0.0, acc)
+    # New window [c, m] = old window [c, m + 1] for m < W - 2, x for m = W - 2.
+    shifted = tl.load(src[:, None] + (o_m + 1)[None, :] * stride_sk,
+                      mask=m_c[:, None] & ((o_m + 1 < W - 1) & has_init)[None, :], other=0.0)
+    new = tl.where((o_m == W - 2)[None, :], xv[:, None].to(shifted.dtype), shifted)
+
+    tl.debug_barrier()
+    # Phase 2: stores.
+    tl.store(y + i_n * stride_y + o_c, acc.to(y.dtype.element_ty), mask=m_c)
+    dst = conv + ws.to(tl.int64) * stride_ss + o_c[:, None] * stride_sc + o_m[None, :] * stride_sk
+    tl.store(dst, new.to(conv.dtype.element_ty), mask=(m_c[:, None] & m_m[None, :]) & (ws >= 0))
+
+
+@triton.jit
+def _bias_act(acc, bias, o_c, m_c, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """acc [rows, BLOCK_C] fp32 + bias, then SiLU: the one epilogue of both prefill tiles."""
+    if HAS_BIAS:
+        acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    return acc
+
+
+@triton.jit
+def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x, stride_sk,
+                 W: tl.constexpr):
+    """[BLOCK_C, WP] window whose entry m is the input at span index r = r0 + m: x[bos + r] when
+    r >= 0, else entry W - 1 + r of the initial window (zeros without one). ``ok``: load at all."""
+    r = r0 + o_m
+    in_x = r >= 0
+    mx = m_c[:, None] & (m_m & in_x & (r < q) & ok)[None, :]
+    xv = tl.load(x + (bos + r).to(tl.int64)[None, :] * stride_x + o_c[:, None], mask=mx, other=0.0)
+    mi = m_c[:, None] & (m_m & (r < 0) & (ok & has_init))[None, :]
+    iv = tl.load(init[:, None] + (r + W - 1)[None, :] * stride_sk, mask=mi, other=0.0)
+    return tl.where(in_x[None, :], xv.to(iv.dtype), iv)
+
+
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
+@triton.jit(do_not_specialize=["T"])
+def _conv_prefill_kernel(
+    x, weight, bias, conv, y,
+    cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, chunk_seq, chunk_idx,
+    T, C, max_seqs, max_chunks, block_size,
+    stride_x, stride_y, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
+    W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+):
+    # Channel blocks vary fastest: CTAs resident together read whole rows of x (long contiguous
+    # runs), and chunk j's 3-row halo was just read by chunk j - 1's CTAs (an L2 hit).
+    i_c = tl.program_id(0)
+    i_t = tl.program_id(1)
+    o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    m_c = o_c < C
+    o_r = tl.arange(0, BT)
+
+    # Tokens [total, T) belong to no sequence: tile i_t zeroes its share of them. The grid has at
+    # least cdiv(T, BT) rows, so every such token is covered.
+    total = tl.load(cu_seqlens + max_seqs)
+    if (i_t + 1) * BT > total:
+        r = i_t * BT + o_r
+        m = (r >= total) & (r < T)
+        tl.store(y + r.to(tl.int64)[:, None] * stride_y + o_c[None, :],
+                 tl.zeros([BT, BLOCK_C], dtype=y.dtype.element_ty), mask=m[:, None] & m_c[None, :])
+    if i_t >= max_chunks:
+        return
+    seq = tl.load(chunk_seq + i_t)
+    if seq < 0:
+        return
+
+    j = tl.load(chunk_idx + i_t)
+    bos = tl.load(cu_seqlens + seq)
+    eos = tl.load(cu_seqlens + seq + 1)
+    n = tl.load(start_pos + seq)
+    off = n % BT
+    first = j == 0
+    # Chunk j covers [bos + max(0, j*BT - off), min(bos + (j+1)*BT - off, eos)). The first W - 1
+    # tokens of the span (whose windows reach into the initial window) are left to the "head" tile
+    # of chunk 0's program below, so this tile reads x only: no pool, no layout conversions.
+    lo = bos + tl.maximum(j * BT - off, W - 1)
+    hi = tl.minimum(bos + tl.maximum((j + 1) * BT - off, W - 1), eos)
+    rows = lo + o_r
+    m_r = rows < hi
+    acc = tl.zeros([BT, BLOCK_C], dtype=tl.float32)
+    for k in tl.static_range(W):
+        v = tl.load(x + (rows - (W - 1) + k).to(tl.int64)[:, None] * stride_x + o_c[None, :],
+                    mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+        wk = tl.load(weight + o_c * stride_wc + k * stride_wk, mask=m_c, other=0.0).to(tl.float32)
+        acc += v * wk[None, :]
+    acc = _bias_act(acc, bias, o_c, m_c, HAS_BIAS, SILU)
+    tl.store(y + rows.to(tl.int64)[:, None] * stride_y + o_c[None, :], acc.to(y.dtype.element_ty),
+             mask=m_r[:, None] & m_c[None, :])
+
+    if first:
+        # All of this sequence's pool traffic, for this channel block.
+        rs = tl.load(read_slot + seq)
+        ws = tl.load(write_slot + seq)
+        e_lo = tl.load(ckpt_offsets + seq)
+        nck = tl.load(ckpt_offsets + seq + 1) - e_lo
+        q = eos - bos
+        has_init = rs >= 0
+        init = conv + rs.to(tl.int64) * stride_ss + o_c * stride_sc  # [BLOCK_C]
+        o_m = tl.arange(0, WP)
+        m_m = o_m < W - 1
+        # Head tile: tokens bos + i, i < min(W - 1, q). Tap k of token i is span index
+        # s = i - (W - 1) + k: x[bos + s] when s >= 0, else initial-window entry W - 1 + s. The
+        # same fp32 operations in the same order as the main tile: warm == cold bit for bit.
+        m_h = o_m < tl.minimum(q, W - 1)
+        acc_h = tl.zeros([WP, BLOCK_C], dtype=tl.float32)
+        for k in tl.static_range(W):
+            sh = o_m - (W - 1) + k
+            vh = tl.load(x + (bos + sh).to(tl.int64)[:, None] * stride_x + o_c[None, :],
+                        mask=(m_h & (sh >= 0))[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+            if k < W - 1:
+                iv = tl.load(init[None, :] + (sh + W - 1)[:, None] * stride_sk,
+                             mask=(m_h & (sh < 0) & has_init)[:, None] & m_c[None, :],
+                             other=0.0).to(tl.float32)
+                vh = tl.where((sh >= 0)[:, None], vh, iv)
+            wkh = tl.load(weight + o_c * stride_wc + k * stride_wk, mask=m_c, other=0.0).to(tl.float32)
+            acc_h += vh * wkh[None, :]
+        acc_h = _bias_act(acc_h, bias, o_c, m_c, HAS_BIAS, SILU)
+        tl.store(y + (bos + o_m).to(tl.int64)[:, None] * stride_y + o_c[None, :],
+                 acc_h.to(y.dtype.element_ty), mask=m_h[:, None] & m_c[None, :])
+        pc = tl.zeros([BLOCK_C, WP], dtype=tl.int64) + o_c[:, None] * stride_sc + o_m[None, :] * stride_sk
+        m_cm = m_c[:, None] & m_m[None, :]
+        # Phase 1: the reads that may touch the pool. The final window is the last W - 1 inputs
+        # (span index q - W + 1 ...); checkpoint 0's, the W - 1 inputs before p_0.
+        p0 = (n // block_size + 1) * block_size
+        fin = _load_window(x, init, bos, q - (W - 1), q, ws >= 0, has_init, o_c, m_c, o_m, m_m,
+                           stride_x, stride_sk, W)
+        ck0 = _load_window(x, init, bos, p0 - n - (W - 1), q, nck > 0, has_init, o_c, m_c, o_m,
+                           m_m, stride_x, stride_sk, W)
+        tl.debug_barrier()
+        # Phase 2: checkpoints in order, then the final window.
+        s0 = tl.load(ckpt_slots + e_lo, mask=nck > 0, other=-1)
+        tl.store(conv + s0.to(tl.int64) * stride_ss + pc, ck0.to(conv.dtype.element_ty),
+                 mask=m_cm & (s0 >= 0))
+        # Checkpoints e >= 1 sit at least B - W + 1 > 0 tokens into the span: x only, no pool reads.
+        # (A while loop: the Triton interpreter cannot take a loaded scalar as a range bound.)
+        e = 1 + tl.arange(0, BLOCK_E)
+        e0 = 1
+        while e0 < nck:
+            se = tl.load(ckpt_slots + e_lo + e, mask=e < nck, other=-1)
+            src = bos + (n // block_size + 1 + e) * block_size - n - (W - 1)  # first input, flat
+            m3 = (se >= 0)[:, None, None] & m_cm[None, :, :]
+            vals = tl.load(x + (src[:, None, None] + o_m[None, None, :]).to(tl.int64) * stride_x
+                           + o_c[None, :, None], mask=m3, other=0.0)
+            tl.store(conv + se.to(tl.int64)[:, None, None] * stride_ss + pc[None, :, :],
+                     vals.to(conv.dtype.element_ty), mask=m3)
+            e += BLOCK_E
+            e0 += BLOCK_E
+        tl.debug_barrier()
+        tl.store(conv + ws.to(tl.int64) * stride_ss + pc, fin.to(conv.dtype.element_ty),
+                 mask=m_cm & (ws >= 0))
+
+
+# --------------------------------------------------------------------------------------------- #
+# checks (metadata only: no device sync)
+# --------------------------------------------------------------------------------------------- #
+
+
+def _check_common(x, weight, bias, conv, out, activation, rows_name):
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [{rows_name}, C], got shape {tuple(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.shape[1] > 1 and x.stride(1) != 1:
+        raise ValueError(f"x must be contiguous along channels (stride(1) == 1), got {x.stride()}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [C, W], got shape {tuple(weight.shape)}")
+    C, W = weight.shape
+    if not 2 <= W <= MAX_WIDTH:
+        raise ValueError(f"kernel width W must be in [2, {MAX_WIDTH}], got {W}")
+    if x.shape[1] != C:
+        raise ValueError(f"x has {x.shape[1]} channels, weight has {C}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"weight must be a float tensor, got {weight.dtype}")
+    if bias is not None:
+        if bias.shape != (C,) or bias.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"bias must be a float [{C}] tensor, got {tuple(bias.shape)} {bias.dtype}")
+        if C > 1 and bias.stride(0) != 1:
+            raise ValueError("bias must be contiguous")
+    if conv.dim() != 3 or conv.shape[1] != C or conv.shape[2] != W - 1:
+        raise ValueError(f"conv pool must be [num_slots, {C}, {W - 1}], got {tuple(conv.shape)}")
+    if conv.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"conv pool must be float16, bfloat16 or float32, got {conv.dtype}")
+    if out is not None:
+        if out.shape != x.shape:
+            raise ValueError(f"out must have x's shape {tuple(x.shape)}, got {tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            raise ValueError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
+        if C > 1 and out.stride(1) != 1:
+            raise ValueError(f"out must be contiguous along channels, got strides {out.stride()}")
+    for name, t in (("weight", weight), ("bias", bias), ("conv", conv), ("out", out)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+
+
+def _check_slots(name, t, n, device):
+    if t.dtype != torch.int32 or t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32 tensor, got {t.dtype} {tuple(t.shape)}")
+    if t.shape[0] < n:
+        raise ValueError(f"{name} has {t.shape[0]} entries, need at least {n}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, x on {device}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _overlaps(a, b):
+    """Whether two tensors' memory ranges intersect (metadata only)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    def span(t):
+        lo = t.data_ptr()
+        hi = lo + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())))
+        return lo, hi
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _block_c(block_c, default, C):
+    bc = min(default, triton.next_power_of_2(C)) if block_c is None else block_c
+    if bc < 1 or bc & (bc - 1):
+        raise ValueError(f"block_c must be a power of two, got {bc}")
+    return bc
+
+
+# --------------------------------------------------------------------------------------------- #
+# public functions
+# --------------------------------------------------------------------------------------------- #
+
+
+def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activation="silu", *,
+                block_c=None, num_warps=None):
+    """One decode token per row: causal depthwise conv1d continuing from a pooled window.
+
+    x           [N, C] float16/bfloat16/float32, channels contiguous, any row stride.
+    weight      [C, W], 2 <= W <= 8 (any strides); bias [C] (contiguous) or None.
+    conv        [num_slots, C, W-1] pool (float16/bfloat16/float32, any strides): per slot and
+                channel the last W-1 inputs, oldest first.  MUTATED: slots write_slot[i].
+    read_slot, write_slot  int32 [>= N] (entries past N are ignored). Row i continues from window
+                conv[read_slot[i]] (-1: zeros) and stores its new window (the last W-1 of
+                window ++ x[i]) to conv[write_slot[i]] (-1: nothing). read == write (in place)
+                and read != write both work. A row with both slots -1 is padding: output zeros.
+    out         [N, C], x's dtype, channels contiguous; allocated when None. out may be x itself.
+    activation  "silu" or None.
+    Returns out: y[i] = act(bias + sum_j weight[:, j] * xx[j]), xx = window ++ x[i], in fp32 then
+    cast to x's dtype. Graph-safe: grid (N, cdiv(C, block_c)), no sync, no allocation if out given.
+    """
+    _check_common(x, weight, bias, conv, out, activation, "N")
+    N, C = x.shape
+    W = weight.shape[1]
+    _check_slots("read_slot", read_slot, N, x.device)
+    _check_slots("write_slot", write_slot, N, x.device)
+    if out is not None and _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
+        raise ValueError("out must be x itself or not overlap it")
+    if out is None:
+        out = torch.empty((N, C), dtype=x.dtype, device=x.device)
+    if N == 0 or C == 0:
+        return out
+    BLOCK_C = _block_c(block_c, DECODE_BLOCK_C, C)
+    grid = (N, triton.cdiv(C, BLOCK_C))
+    _conv_decode_kernel[grid](
+        x, weight, bias, conv, out, read_slot, write_slot,
+        C,
+        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
+        conv.stride(0), conv.stride(1), conv.stride(2),
+        W=W, WP=triton.next_power_of_2(W - 1), BLOCK_C=BLOCK_C, SILU=activation == "silu",
+        num_warps=DECODE_NUM_WARPS if num_warps is None else num_warps,
+    )
+    return out
+
+
+def _check_meta(meta, device):
+    names = ("cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots",
+             "chunk_seq", "chunk_idx")
+    for name in names:
+        t = getattr(meta, name)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+            raise ValueError(f"meta.{name} must be a 1-D int32 tensor")
+        if t.device != device:
+            raise ValueError(f"meta.{name} is on {t.device}, x on {device}")
+        if t.shape[0] > 1 and t.stride(0) != 1:
+            raise ValueError(f"meta.{name} must be contiguous")
+    S = meta.read_slot.shape[0]
+    if not (meta.start_pos.shape[0] == meta.write_slot.shape[0] == S
+            and meta.cu_seqlens.shape[0] == meta.ckpt_offsets.shape[0] == S + 1):
+        raise ValueError("meta: start_pos/read_slot/write_slot need max_seqs entries and "
+                         "cu_seqlens/ckpt_offsets max_seqs + 1")
+    if meta.chunk_seq.shape[0] != meta.chunk_idx.shape[0]:
+        raise ValueError("meta.chunk_seq and meta.chunk_idx differ in length")
+    if meta.ckpt_slots.shape[0] < 1:
+        raise ValueError("meta.ckpt_slots must hold at least one entry")
+    if not isinstance(meta.block_size, int) or meta.block_size <= 0 or meta.block_size % CHUNK:
+        raise ValueError(f"meta.block_size must be a positive multiple of {CHUNK}, got {meta.block_size}")
+
+
+def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, block_c=None,
+                 num_warps=None, block_e=None):
+    """Varlen prefill: causal depthwise conv1d per sequence, storing windows into the pool.
+
+    x           [T, C] float16/bfloat16/float32, channels contiguous, any row stride. Tokens of
+                sequence i are rows meta.cu_seqlens[i] .. meta.cu_seqlens[i+1]; rows past the last
+                live token are padding and get zeros.
+    weight      [C, W], 2 <= W <= 8; bias [C] or None.
+    conv        [num_slots, C, W-1] pool (any strides).  MUTATED, per sequence i with n = start_pos:
+                - conv[write_slot[i]] <- the last W-1 inputs of window ++ x_i (-1: nothing); for a
+                  sequence shorter than W-1 this includes initial-window entries;
+                - conv[ckpt_slots[ckpt_offsets[i] + e]] <- the W-1 inputs before absolute position
+                  p_e = (n // B + 1 + e) * B, for each block boundary strictly inside (n, n + q)
+                  (-1: nothing). Checkpoints are stored in order, then the final window.
+                The initial window is conv[read_slot[i]] (-1: zeros); it is read before any of the
+                sequence's stores, so a checkpoint or write slot may equal the read slot.
+    meta        ChunkMeta (gdn_graphs.ops.meta); its buffers may be longer than the live batch.
+    out         [T, C], x's dtype, channels contiguous, not overlapping x; allocated when None.
+    activation  "silu" or None.
+    Returns out. Graph-safe: grid (cdiv(C, block_c), max(meta.max_chunks, cdiv(T, 64))) depends on
+    buffer sizes only; no sync; no allocation if out is given. block_e: checkpoints per iteration.
+    """
+    _check_common(x, weight, bias, conv, out, activation, "T")
+    _check_meta(meta, x.device)
+    T, C = x.shape
+    W = weight.shape[1]
+    if out is not None and _overlaps(out, x):
+        raise ValueError("out must not overlap x: prefill programs read neighbouring tokens of x")
+    if out is None:
+        out = torch.empty((T, C), dtype=x.dtype, device=x.device)
+    if T == 0 or C == 0:
+        return out
+    BLOCK_C = _block_c(block_c, PREFILL_BLOCK_C, C)
+    BLOCK_E = PREFILL_BLOCK_E if block_e is None else block_e
+    if BLOCK_E < 1 or BLOCK_E & (BLOCK_E - 1):
+        raise ValueError(f"block_e must be a power of two, got {BLOCK_E}")
+    tiles = max(meta.max_chunks, triton.cdiv(T, CHUNK))
+    if tiles > 65535:  # CUDA's limit on grid dimension y
+        raise ValueError(f"{tiles} chunk tiles exceed 65535: split the batch (T = {T}, "
+                         f"max_chunks = {meta.max_chunks})")
+    grid = (triton.cdiv(C, BLOCK_C), tiles)
+    _conv_prefill_kernel[grid](
+        x, weight, bias, conv, out,
+        meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
+        meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx,
+        T, C, meta.max_seqs, meta.max_chunks, meta.block_size,
+        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
+        conv.stride(0), conv.stride(1), conv.stride(2),
+        W=W, WP=triton.next_power_of_2(W - 1), BT=CHUNK, BLOCK_C=BLOCK_C, BLOCK_E=BLOCK_E,
+        SILU=activation == "silu",
+        num_warps=PREFILL_NUM_WARPS if num_warps is None else num_warps,
+    )
+    return out

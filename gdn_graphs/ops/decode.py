@@ -1,0 +1,362 @@
+"""Fused GatedDeltaNet decode: gating, q/k L2 norm and the state update in one Triton kernel.
+
+The state lives in a pool ``ssm[num_slots, HV, V, K]`` (K contiguous). Each row of the batch names
+the slot it reads its state from and the slot(s) it writes the updated state to; the two may differ
+(a step that crosses a block boundary writes the next block's slot, no copy) or be equal (in place).
+Slot ``-1`` (``NO_SLOT``) is never dereferenced: read -1 starts from a zero state, write -1 stores
+nothing. The slot conventions are those of the design brief (DESIGN.md).
+
+Two public functions share one kernel:
+    gdn_decode        one token per row (plain decode); a row with both slots -1 is padding and
+                      gets a zero output without doing any math
+    gdn_decode_multi  a varlen batch of a few tokens per row (``cu_seqlens``), the state kept in
+                      registers across the row's tokens and optionally stored after every token
+                      (the base for speculative decoding); rows with 0 tokens are padding
+
+Grid: ``(N, HV * cdiv(V, BV))``. Program (i, j) owns the ``[BV, K]`` tile of row i's state for value
+head ``j // cdiv(V, BV)``: the tile is read once and written once, and since every row of S only
+needs the full q and k of its key head (not other rows of S), tiles are independent. K is kept
+whole in one program so the reductions over K (S @ k, S @ q) never leave the program.
+
+Nothing in the launchers synchronises, allocates (except ``out`` when it is None) or looks at tensor
+values, so both functions can be captured in CUDA graphs. Shapes, dtypes and strides are checked up
+front (metadata only); slot *values* are the planner's responsibility: the write slots of a launch
+must be distinct and no row may read a slot that another row writes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_graphs.constants import NO_SLOT
+
+__all__ = ["gdn_decode", "gdn_decode_multi", "default_config"]
+
+# the kernel tests "slot >= 0"; it relies on NO_SLOT being the only negative slot value
+assert NO_SLOT == -1
+
+_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# kernel
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t, i_hk, i_hv, neg_A, dt_bias,
+                stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+                o_k, o_v, mask_k, mask_v, scale,
+                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HK: tl.constexpr):
+    """Token t's inputs for one value head, in fp32: l2-normalised (scaled) q and k [BK], the
+    [BV] slice of v, the log decay g and the write strength beta."""
+    t64 = t.to(tl.int64)
+    b_q = tl.load(q_ptr + t64 * stride_qt + i_hk * K + o_k, mask=mask_k, other=0.).to(tl.float32)
+    b_k = tl.load(k_ptr + t64 * stride_kt + i_hk * K + o_k, mask=mask_k, other=0.).to(tl.float32)
+    b_v = tl.load(v_ptr + t64 * stride_vt + i_hv * V + o_v, mask=mask_v, other=0.).to(tl.float32)
+    b_a = tl.load(a_ptr + t64 * stride_at + i_hv).to(tl.float32)
+    b_b = tl.load(b_ptr + t64 * stride_bt + i_hv).to(tl.float32)
+    # same eps and placement as reference.l2norm: x * rsqrt(sum x^2 + 1e-6)
+    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6) * scale
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
+    # softplus with torch's threshold (x > 20 -> x), which also keeps exp() from overflowing
+    x = b_a + dt_bias
+    sp = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))
+    g = neg_A * sp
+    beta = 1. / (1. + tl.exp(-b_b))
+    return b_q, b_k, b_v, g, beta
+
+
+@triton.jit
+def _delta_step(b_h, b_q, b_k, b_v, g, beta):
+    """One GDN token on a [BV, BK] fp32 state tile: decay, delta-rule write, read out o [BV]."""
+    b_h = b_h * tl.exp(g)
+    b_u = beta * (b_v - tl.sum(b_h * b_k[None, :], axis=1))
+    b_h = b_h + b_u[:, None] * b_k[None, :]
+    b_o = tl.sum(b_h * b_q[None, :], axis=1)
+    return b_h, b_o
+
+
+@triton.heuristics({
+    "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "BK": lambda args: triton.next_power_of_2(args["K"]),
+})
+@triton.jit(do_not_specialize=["Tmax"])
+def _gdn_decode_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    ssm_ptr, o_ptr,
+    cu_seqlens, read_slot_ptr, write_slot_ptr,
+    stride_qt, stride_kt, stride_vt, stride_at, stride_bt, stride_ot,
+    stride_s, stride_ws, Tmax,
+    scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_j = tl.program_id(1)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_hv = i_j // NV
+    i_v = i_j % NV
+    i_hk = i_hv // (HV // HK)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    # offsets of this program's [BV, BK] tile inside one slot
+    o_h = i_hv * (V * K) + o_v[:, None] * K + o_k[None, :]
+
+    # per-head constants; independent of the slots, so they load alongside them
+    neg_A = -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+    dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+
+    rs = tl.load(read_slot_ptr + i_n)
+    # never form an address from slot -1: clamp, and mask the access instead
+    p_read = ssm_ptr + tl.maximum(rs, 0).to(tl.int64) * stride_s + o_h
+
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n)
+        eos = tl.load(cu_seqlens + i_n + 1)
+        # state is loaded once; a 0-token row skips the loop and touches nothing else
+        b_h = tl.load(p_read, mask=mask_h & (rs >= 0) & (eos > bos), other=0.).to(tl.float32)
+        # a while loop, not range(bos, eos): runtime trip counts the same on the GPU, and the
+        # Triton interpreter under numpy >= 2 cannot turn a loaded scalar into a range bound
+        t = bos
+        while t < eos:
+            b_q, b_k, b_v, g, beta = _load_token(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t, i_hk, i_hv, neg_A, dt_bias,
+                stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+                o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
+            b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
+            tl.store(o_ptr + t.to(tl.int64) * stride_ot + i_hv * V + o_v,
+                     b_o.to(o_ptr.dtype.element_ty), mask=mask_v)
+            # write_slots[i, t - bos]; an entry past the row's width means "no slot"
+            i_t = t - bos
+            ws = tl.load(write_slot_ptr + i_n.to(tl.int64) * stride_ws + i_t, mask=i_t < Tmax,
+                         other=-1)
+            p_write = ssm_ptr + tl.maximum(ws, 0).to(tl.int64) * stride_s + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (ws >= 0))
+            t += 1
+    else:
+        ws = tl.load(write_slot_ptr + i_n)
+        p_o = o_ptr + i_n.to(tl.int64) * stride_ot + i_hv * V + o_v
+        if (rs >= 0) | (ws >= 0):
+            # issue the big state load first; the token's inputs are in flight meanwhile
+            b_h = tl.load(p_read, mask=mask_h & (rs >= 0), other=0.).to(tl.float32)
+            b_q, b_k, b_v, g, beta = _load_token(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_n, i_hk, i_hv, neg_A, dt_bias,
+                stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
+                o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
+            b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
+            p_write = ssm_ptr + tl.maximum(ws, 0).to(tl.int64) * stride_s + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (ws >= 0))
+            tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+        else:
+            # padded row: no slot to read or write, output is exactly zero
+            tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+
+
+# --------------------------------------------------------------------------------------------
+# configuration and checks (host side, metadata only)
+# --------------------------------------------------------------------------------------------
+
+def default_config(K: int, V: int, N: int, state_dtype: torch.dtype = torch.float32):
+    """Default (BV, num_warps) for a launch, from the shapes only.
+
+    A program streams a [BV, K] state tile in and out, so it wants a tile big enough to amortise
+    its fixed cost (slot load -> state load, two dependent round trips) yet small enough that
+    many programs fit on an SM and all of them have memory requests in flight. Aim at an ~8 KiB
+    tile (fp32, K = 128: BV = 16) and about 32 state elements per thread (num_warps = 2 there, each
+    warp spanning K with 16-byte vectors). Below 16 rows there are too few programs to fill 132
+    SMs, so halve the tile. These are defaults; profiling/bench_decode.py sweeps them.
+    """
+    BK = triton.next_power_of_2(K)
+    elem = state_dtype.itemsize
+    target_elems = 8192 // elem                       # ~8 KiB per tile
+    BV = max(1, min(triton.next_power_of_2(V), target_elems // BK))
+    if N < 16:
+        BV = max(1, min(BV, 8))
+    num_warps = max(1, min(8, (BV * BK) // (32 * 32)))
+    return BV, num_warps
+
+
+def _fail(msg):
+    raise ValueError(f"gdn_decode: {msg}")
+
+
+def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out):
+    """Shape/dtype/stride checks shared by both forms; returns (T, HK, HV, K, V)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            _fail(f"{name} must be a 3-d tensor [tokens, heads, dim], got "
+                  f"{getattr(t, 'shape', type(t))}")
+        if t.dtype not in _INPUT_DTYPES:
+            _fail(f"{name} must be a float tensor ({_INPUT_DTYPES}), got {t.dtype}")
+        if t.stride(2) != 1 or (t.shape[1] > 1 and t.stride(1) != t.shape[2]):
+            _fail(f"{name} must have a contiguous last dim and head stride == head dim, got "
+                  f"shape {tuple(t.shape)} strides {t.stride()}")
+    if q.shape != k.shape:
+        _fail(f"q and k must have the same shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        _fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    T, HK, K = q.shape
+    if v.shape[0] != T:
+        _fail(f"v has {v.shape[0]} tokens, q has {T}")
+    HV, V = v.shape[1], v.shape[2]
+    if HK == 0 or HV % HK != 0:
+        _fail(f"HV ({HV}) must be a positive multiple of HK ({HK})")
+    if K == 0 or V == 0:
+        _fail(f"head dims must be positive, got K={K}, V={V}")
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or tuple(t.shape) != (T, HV):
+            _fail(f"{name} must be [{T}, {HV}], got {getattr(t, 'shape', type(t))}")
+        if t.dtype not in _INPUT_DTYPES:
+            _fail(f"{name} must be a float tensor, got {t.dtype}")
+        if HV > 1 and t.stride(1) != 1:
+            _fail(f"{name} must be contiguous along heads, got strides {t.stride()}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != HV:
+            _fail(f"{name} must be [{HV}], got {getattr(t, 'shape', type(t))}")
+        if t.dtype != torch.float32:
+            _fail(f"{name} must be float32, got {t.dtype}")
+        if HV > 1 and t.stride(0) != 1:
+            _fail(f"{name} must be contiguous")
+    if not isinstance(ssm, torch.Tensor) or ssm.dim() != 4:
+        _fail("ssm must be a 4-d pool [num_slots, HV, V, K], got "
+              f"{getattr(ssm, 'shape', type(ssm))}")
+    if tuple(ssm.shape[1:]) != (HV, V, K):
+        _fail(f"ssm must be [num_slots, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
+    if ssm.dtype not in _STATE_DTYPES:
+        _fail(f"ssm must be float32, bfloat16 or float16, got {ssm.dtype}")
+    if ssm.stride(3) != 1 or ssm.stride(2) != K or ssm.stride(1) != V * K:
+        _fail(f"ssm inner dims [HV, V, K] must be contiguous, got strides {ssm.stride()}")
+    if ssm.shape[0] > 1 and ssm.stride(0) < HV * V * K:
+        _fail(f"ssm slot stride {ssm.stride(0)} is smaller than a state ({HV * V * K})")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, HV, V):
+            _fail(f"out must be [{T}, {HV}, {V}], got {getattr(out, 'shape', type(out))}")
+        if out.dtype != v.dtype:
+            _fail(f"out must have v's dtype {v.dtype}, got {out.dtype}")
+        if out.stride(2) != 1 or (HV > 1 and out.stride(1) != V):
+            _fail(f"out must have a contiguous last dim and head stride V, got {out.stride()}")
+    dev = q.device
+    for name, t in (("k", k), ("v", v), ("a", a), ("b", b), ("A_log", A_log),
+                    ("dt_bias", dt_bias), ("ssm", ssm), ("out", out)):
+        if t is not None and t.device != dev:
+            _fail(f"{name} is on {t.device}, q is on {dev}")
+    return T, HK, HV, K, V
+
+
+def _check_slots(name, t, n, dev, ndim=1):
+    if not isinstance(t, torch.Tensor) or t.dim() != ndim:
+        _fail(f"{name} must be a {ndim}-d int32 tensor, got {getattr(t, 'shape', type(t))}")
+    if t.dtype != torch.int32:
+        _fail(f"{name} must be int32, got {t.dtype}")
+    if t.shape[0] < n:
+        _fail(f"{name} has {t.shape[0]} rows, need at least {n}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(f"{name} must be contiguous along its last dim, got strides {t.stride()}")
+    if t.device != dev:
+        _fail(f"{name} is on {t.device}, q is on {dev}")
+
+
+def _resolve_config(K, V, N, ssm, BV, num_warps):
+    dBV, dnw = default_config(K, V, N, ssm.dtype)
+    BV = dBV if BV is None else BV
+    num_warps = dnw if num_warps is None else num_warps
+    if BV < 1 or BV & (BV - 1):
+        _fail(f"BV must be a power of two, got {BV}")
+    if num_warps < 1 or num_warps & (num_warps - 1):
+        _fail(f"num_warps must be a power of two, got {num_warps}")
+    return BV, num_warps
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+# --------------------------------------------------------------------------------------------
+
+def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
+               *, BV=None, num_warps=None):
+    """One GDN decode token per row, state read from and written to a slot pool.
+
+    Args:
+        q, k:        [N, HK, K] float (bf16/fp16/fp32/fp64); last dim contiguous, head stride K,
+                     token stride arbitrary (views into a packed qkv tensor are fine).
+        v:           [N, HV, V], same dtype and layout rules; HV is a multiple of HK and value
+                     head h uses key head h // (HV // HK).
+        a, b:        [N, HV] gate inputs (any float dtype, row stride arbitrary).
+        A_log, dt_bias: [HV] float32. g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+        ssm:         [num_slots, HV, V, K] float32 / bfloat16 / float16 pool; inner dims contiguous,
+                     slot stride may exceed HV*V*K. All math is fp32, cast on store. MUTATED: the
+                     write slots.
+        read_slot, write_slot: int32 [>= N] device tensors. Row i starts from ssm[read_slot[i]]
+                     (-1: zeros) and stores its new state to ssm[write_slot[i]] (-1: nothing).
+                     Both -1: padded row, output exactly zero. read == write works (in place).
+        out:         optional [N, HV, V] in v's dtype (last dim contiguous, head stride V);
+                     every element is written. Allocated when None.
+        scale:       q scale after l2norm, default K ** -0.5.
+        BV, num_warps: tile height and warps per program (defaults: ``default_config``).
+    Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
+    """
+    N, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
+    _check_slots("read_slot", read_slot, N, q.device)
+    _check_slots("write_slot", write_slot, N, q.device)
+    BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
+    if out is None:
+        out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
+    if N == 0:
+        return out
+    scale = K ** -0.5 if scale is None else float(scale)
+    grid = (N, HV * triton.cdiv(V, BV))
+    _gdn_decode_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, ssm, out,
+        None, read_slot, write_slot,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        ssm.stride(0), 1, 1,
+        scale,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, num_warps=num_warps,
+    )
+    return out
+
+
+def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,
+                     out=None, scale=None, *, BV=None, num_warps=None):
+    """A few GDN tokens per row (varlen), state kept in registers across each row's tokens.
+
+    Args:
+        q, k [T, HK, K], v [T, HV, V], a, b [T, HV], A_log, dt_bias [HV], ssm, scale, BV,
+        num_warps: as in ``gdn_decode`` (T is the total token count of the batch).
+        cu_seqlens:  int32 [N + 1]; row i owns tokens cu_seqlens[i] .. cu_seqlens[i+1]. A row with
+                     0 tokens is padding and touches nothing (no output rows belong to it).
+        read_slot:   int32 [>= N]; row i starts from ssm[read_slot[i]] (-1: zeros).
+        write_slots: int32 [>= N, Tmax]; entry [i, t] receives the state after token t of row i
+                     (-1: not stored). Tokens past Tmax store nothing. MUTATES those ssm slots.
+        out:         optional [T, HV, V] in v's dtype; the rows of every token are written.
+    Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
+    """
+    T, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        _fail("cu_seqlens must be a 1-d int32 tensor [N + 1]")
+    N = cu_seqlens.shape[0] - 1
+    _check_slots("cu_seqlens", cu_seqlens, N + 1, q.device)
+    _check_slots("read_slot", read_slot, N, q.device)
+    _check_slots("write_slots", write_slots, N, q.device, ndim=2)
+    BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
+    if out is None:
+        out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    if N == 0:
+        return out
+    scale = K ** -0.5 if scale is None else float(scale)
+    grid = (N, HV * triton.cdiv(V, BV))
+    _gdn_decode_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, ssm, out,
+        cu_seqlens, read_slot, write_slots,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        ssm.stride(0), write_slots.stride(0), write_slots.shape[1],
+        scale,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, num_warps=num_warps,
+    )
+    return out

@@ -15,8 +15,8 @@ git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   t0=$(date +%s)
-  python3 -m pytest -m gpu -q -x -p no:cacheprovider ${kexpr:+-k "$kexpr"} --junitxml="$OUT/gpu_tests.xml" tests 2>&1 \
-    | tee "$OUT/gpu_tests.log" | tail -40
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider ${kexpr:+-k "$kexpr"} \
+    --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|Error|error|FAIL" | tail -40
   rc=${PIPESTATUS[0]}
   echo "gpu tests: rc=$rc in $(( $(date +%s) - t0 )) s"
 fi
@@ -24,7 +24,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   for b in bench_decode bench_prefill; do
     [ -f "profiling/$b.py" ] || continue
     t0=$(date +%s)
-    timeout 240 python3 "profiling/$b.py" --out "$OUT" > "$OUT/$b.log" 2>&1; brc=$?
+    timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$OUT" > "$OUT/$b.log" 2>&1; brc=$?
     echo "$b: rc=$brc in $(( $(date +%s) - t0 )) s"; tail -25 "$OUT/$b.log"
   done
 fi

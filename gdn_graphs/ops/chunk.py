@@ -1,0 +1,527 @@
+"""Chunked GatedDeltaNet prefill that stores block-boundary states straight into the state pool.
+
+Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs exit at once):
+
+``_chunk_intra_kernel`` (one program per (chunk, value head), fully parallel)
+    For one chunk of at most 64 tokens: gating g and beta, the chunk-local cumsum gc of g, the
+    l2-normalised q (times scale) and k, the matrix A[t, s] = beta_t exp(gc_t - gc_s) k_t.k_s
+    (s < t) and T = (I + A)^-1, then the WY factors w = T (beta exp(gc) k) and u = T (beta v), and
+    P[t, s] = exp(gc_t - gc_s) q_t.k_s (s <= t). These go to a ChunkWorkspace, indexed by flat
+    token. It also writes zeros to the output rows of padding tokens (beyond cu_seqlens[-1]).
+
+``_chunk_seq_kernel`` (one program per (sequence, value head, V tile), sequential over chunks)
+    Keeps the state tile S^T [K, BV] in fp32 registers. Per chunk, with S0 the entering state:
+        v_new = u - w S0^T
+        o     = exp(gc) * (q S0^T) + P v_new                        -> out
+        S     = exp(gc_last) S0 + (exp(gc_last - gc) v_new)^T k
+    and stores S into the pool at every block boundary that has a checkpoint slot, and the final
+    state into the write slot. The same program reads the initial state before it writes any
+    slot, so a checkpoint or write slot may equal the read slot.
+
+Chunks are aligned to absolute positions (a span starting mid-chunk first finishes that chunk), and
+a chunk's arithmetic depends only on its own tokens and its entering state (rows are indexed from
+the chunk's first token; nothing depends on the flat offset, the batch or the grid). So a run that
+resumes from a block-boundary checkpoint repeats the cold run's arithmetic bit for bit. With a
+reduced-precision pool (bf16), the running state is rounded to the pool dtype at every block
+boundary so that this still holds; steps that end mid-block are then only close, not identical.
+
+Derivation: write the token update as S_s = exp(g_s) S_{s-1} + d_s k_s^T with
+d_s = beta_s (v_s - exp(g_s) S_{s-1} k_s). Unrolled inside the chunk,
+S_s = exp(gc_s) S0 + sum_{r<=s} exp(gc_s - gc_r) d_r k_r^T, so
+exp(g_s) S_{s-1} k_s = exp(gc_s) S0 k_s + sum_{r<s} exp(gc_s - gc_r) (k_r.k_s) d_r, hence
+(I + A) d = beta v - beta exp(gc) (S0 k), d = u - w S0^T = v_new; o_t = S_t q_t and S_end follow
+from the unrolled sum.
+
+Precision: bf16/fp16 inputs use 16-bit tensor-core operands with fp32 accumulation (the workspace
+holds w, u, P, q, k in the input dtype; ~4e-3 relative error against fp64 at K = V = 128), the
+in-chunk inverse uses tf32 dots on fp32 values, and the state always accumulates in fp32. fp32
+inputs use "tf32x3" dots on the GPU (ChunkConfig can ask for "ieee"). Under the Triton
+interpreter every dot runs in fp32 on operands already rounded like the GPU's, so the CPU tier sees
+the GPU's bf16 arithmetic up to summation order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.meta import ChunkMeta
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """Launch knobs (no autotuning: the kernels write the pool in place, so they must run once).
+
+    bv: V tile of the sequential kernel (programs per sequence and head = V / bv).
+    warps_intra / warps_seq: num_warps of the two kernels. stages: software-pipelining depth of the
+    sequential kernel's chunk loop (1 = off). dot_precision: input precision of the dots when the
+    inputs are fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but
+    spills registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for
+    fp32 inputs, "tf32" otherwise). The interpreter always computes in fp32.
+    """
+
+    bv: int = 32
+    warps_intra: int = 4
+    warps_seq: int = 4
+    stages: int = 2
+    dot_precision: str | None = None
+    inv_precision: str | None = None
+
+
+DEFAULT_CONFIG = ChunkConfig()
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """x.to(dtype), rounding to nearest even like the GPU does. (The interpreter truncates fp32 to
+    bf16; round the mantissa by hand there so the CPU tier sees the GPU's bf16 arithmetic.)"""
+    if INTERPRET and dtype == tl.bfloat16 and x.dtype == tl.float32:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """tl.dot; under the interpreter 16-bit operands are widened first (its bf16 dot is broken).
+    bf16 x bf16 products are exact in fp32, so this emulates the tensor-core arithmetic."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc=acc, input_precision=PREC)
+
+
+@triton.jit
+def _chunk_intra_kernel(
+    q, k, v, a, b, A_log, dt_bias, out,
+    w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,
+    cu_seqlens, start_pos, chunk_seq, chunk_idx,
+    T, max_seqs, max_chunks,
+    s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
+    scale,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr,
+    DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    G: tl.constexpr = HV // HK
+    pid = tl.program_id(0)
+    i_h = pid % HV
+    i_c = pid // HV
+    n_cprog = tl.num_programs(0) // HV
+    i_hk = i_h // G
+
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = tl.arange(0, BVF)
+    m_v = o_v < V
+
+    # Padding tokens (beyond the live batch) get zero outputs; their tiles are shared out over
+    # all programs of this head with a grid-stride loop, so any T works with any grid.
+    t_live = tl.load(cu_seqlens + max_seqs)
+    n_pad = tl.cdiv(T - t_live, BC)
+    # (a while loop: the Triton interpreter cannot take a loaded scalar as a range bound)
+    tile = i_c
+    while tile < n_pad:
+        rows = t_live + tile * BC + o_c
+        p_o = out + rows.to(tl.int64)[:, None] * s_ot + i_h * V + o_v[None, :]
+        tl.store(p_o, tl.zeros([BC, BVF], dtype=out.dtype.element_ty),
+                 mask=(rows < T)[:, None] & m_v[None, :])
+        tile += n_cprog
+
+    if i_c >= max_chunks:
+        return
+    i_n = tl.load(chunk_seq + i_c)
+    if i_n < 0:
+        return
+    i_j = tl.load(chunk_idx + i_c)
+    bos = tl.load(cu_seqlens + i_n)
+    eos = tl.load(cu_seqlens + i_n + 1)
+    off = tl.load(start_pos + i_n) % BC
+    # chunk j covers absolute [(n // 64 + j) * 64, +64) clipped to the span; rows from its start
+    cs = bos + tl.maximum(i_j * BC - off, 0)
+    ce = tl.minimum(bos + (i_j + 1) * BC - off, eos)
+    m_t = o_c < (ce - cs)
+    rows = (cs + o_c).to(tl.int64)
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    # gates (fp32); invalid rows get g = 0 and beta = 0 so they change nothing
+    b_a = tl.load(a + rows * s_at + i_h, mask=m_t, other=0.).to(tl.float32)
+    b_b = tl.load(b + rows * s_bt + i_h, mask=m_t, other=0.).to(tl.float32)
+    x = b_a + tl.load(dt_bias + i_h).to(tl.float32)
+    softplus = tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
+    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus, 0.)
+    b_beta = tl.where(m_t, 1. / (1. + tl.exp(-b_b)), 0.)
+    b_gc = tl.cumsum(b_g, 0)
+
+    # l2-normalised k and scaled q, in fp32 then in the operand dtype
+    b_k = tl.load(k + rows[:, None] * s_kt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
+    b_k = b_k.to(tl.float32)
+    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    b_q = tl.load(q + rows[:, None] * s_qt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
+    b_q = b_q.to(tl.float32)
+    b_q = b_q * (tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6) * scale)[:, None]
+    b_kb = _cast(b_k, w_ws.dtype.element_ty, INTERPRET)
+    b_qb = _cast(b_q, w_ws.dtype.element_ty, INTERPRET)
+    if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
+        p_hk = rows[:, None] * (HK * K) + i_hk * K + o_k[None, :]
+        tl.store(qs_ws + p_hk, b_qb, mask=m_tk)
+        tl.store(kn_ws + p_hk, b_kb, mask=m_tk)
+
+    b_kk = _dot(b_kb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
+    b_qk = _dot(b_qb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
+
+    r = o_c[:, None]
+    c = o_c[None, :]
+    m_le = c <= r
+    # exp(gc_t - gc_s) for s <= t (<= 1: g <= 0), zero above the diagonal; masking before exp
+    # keeps the discarded half from overflowing
+    b_dec = tl.where(m_le, tl.exp(tl.where(m_le, b_gc[:, None] - b_gc[None, :], 0.)), 0.)
+    b_A = tl.where(c < r, b_dec * b_kk * b_beta[:, None], 0.)
+    b_P = b_dec * b_qk
+    tl.store(p_ws + rows[:, None] * (HV * BC) + i_h * BC + c,
+             _cast(b_P, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
+    tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
+
+    # (I + A)^-1. Diagonal 16x16 blocks by forward substitution, all four at once on the full
+    # tile: D is block diagonal, so column c of the update only involves rows of c's block, and
+    # row rr of every block is done in one step. coef[j] = A[16 * (j // 16) + rr, j].
+    same_blk = (r // 16) == (c // 16)
+    b_ATd = tl.trans(tl.where(same_blk, b_A, 0.))
+    b_D = tl.where(r == c, 1., 0.)
+    for rr in range(1, 16):
+        coef = tl.sum(tl.where((c % 16) == rr, b_ATd, 0.), 1)
+        s = tl.sum(coef[:, None] * b_D, 0)
+        b_D = tl.where(((r % 16) == rr) & same_blk, b_D - s[None, :], b_D)
+    # then the off-diagonal blocks: T = D - (D A_o) T, exact after 3 sweeps (block forward
+    # substitution on 4 block rows)
+    b_N = _dot(b_D, tl.where((r // 16) > (c // 16), b_A, 0.), None, INV_PREC, INTERPRET)
+    b_T = b_D
+    for _ in tl.static_range(3):
+        b_T = b_D - _dot(b_N, b_T, None, INV_PREC, INTERPRET)
+
+    # w = T diag(beta exp(gc)) k and u = T diag(beta) v: scaling T's columns keeps k and v as
+    # they are (v is used in its input dtype, no rounding) and rounds once per operand
+    DT: tl.constexpr = w_ws.dtype.element_ty
+    b_Tw = _cast(b_T * (b_beta * tl.exp(b_gc))[None, :], DT, INTERPRET)
+    b_w = _dot(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
+    tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], _cast(b_w, DT, INTERPRET),
+             mask=m_tk)
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
+    b_u = _dot(_cast(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
+    tl.store(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], _cast(b_u, DT, INTERPRET),
+             mask=m_tv)
+
+
+@triton.jit
+def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+               bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+               i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
+               DOT_PREC: tl.constexpr, ROUND_STATE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Chunk j of one sequence for one (head, V tile): output rows, state update, checkpoint."""
+    cs = bos + tl.maximum(j * BC - off, 0)
+    ce = tl.minimum(bos + (j + 1) * BC - off, eos)
+    m_t = o_c < (ce - cs)
+    rows = (cs + o_c).to(tl.int64)
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_w = tl.load(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+    b_q = tl.load(qs_ws + rows[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
+    b_k = tl.load(kn_ws + rows[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
+    b_u = tl.load(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_tv, other=0.)
+    b_P = tl.load(p_ws + rows[:, None] * (HV * BC) + i_h * BC + o_c[None, :], mask=m_t[:, None],
+                  other=0.)
+    b_gc = tl.load(g_ws + rows * HV + i_h, mask=m_t, other=0.)
+    g_last = tl.load(g_ws + (ce - 1).to(tl.int64) * HV + i_h)
+
+    DT: tl.constexpr = w_ws.dtype.element_ty
+    # v_new = u - w S0^T; o = exp(gc) (q S0^T) + P v_new
+    b_Sb = _cast(b_S, DT, INTERPRET)
+    b_vn = b_u.to(tl.float32) - _dot(b_w, b_Sb, None, DOT_PREC, INTERPRET)
+    b_o = _dot(b_q, b_Sb, None, DOT_PREC, INTERPRET) * tl.exp(b_gc)[:, None]
+    b_o = _dot(b_P, _cast(b_vn, DT, INTERPRET), b_o, DOT_PREC, INTERPRET)
+    tl.store(out + rows[:, None] * s_ot + i_h * V + o_v[None, :],
+             _cast(b_o, out.dtype.element_ty, INTERPRET), mask=m_tv)
+    # S = exp(gc_last) S0 + (exp(gc_last - gc) v_new)^T k   (as S^T: k^T (...))
+    b_vs = b_vn * tl.where(m_t, tl.exp(g_last - b_gc), 0.)[:, None]
+    b_S = b_S * tl.exp(g_last)
+    b_S = _dot(tl.trans(b_k), _cast(b_vs, DT, INTERPRET), b_S, DOT_PREC, INTERPRET)
+
+    p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
+    at_block = (p_end % block_size) == 0
+    if ROUND_STATE:  # keep the running state equal to what a block-boundary slot holds
+        b_S = tl.where(at_block, _cast(b_S, ssm.dtype.element_ty, INTERPRET).to(tl.float32), b_S)
+    if at_block & (p_end < n_end):
+        slot = tl.load(ckpt_slots + ck0 + (p_end // block_size - first_blk - 1))
+        if slot >= 0:
+            tl.store(ssm + slot.to(tl.int64) * s_slot + p_state,
+                     _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state)
+    return b_S
+
+
+@triton.jit
+def _chunk_seq_kernel(
+    out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
+    cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
+    block_size, s_ot, s_slot,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
+    DOT_PREC: tl.constexpr, NUM_STAGES: tl.constexpr, ROUND_STATE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    G: tl.constexpr = HV // HK
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0)
+    i_v = pid % NV
+    i_h = pid // NV
+    i_hk = i_h // G
+    i_n = tl.program_id(1)
+
+    bos = tl.load(cu_seqlens + i_n)
+    eos = tl.load(cu_seqlens + i_n + 1)
+    if eos <= bos:
+        return
+    n0 = tl.load(start_pos + i_n)
+    n_end = n0 + (eos - bos)
+    off = n0 % BC
+    c0 = n0 // BC
+    nc = (n_end - 1) // BC - c0 + 1
+    first_blk = n0 // block_size
+    ck0 = tl.load(ckpt_offsets + i_n)
+
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    # the state tile S^T: element [k, v] lives at ssm[slot, h, v, k]
+    p_state = i_h * (V * K) + o_v[None, :] * K + o_k[:, None]
+    m_state = m_k[:, None] & m_v[None, :]
+
+    rd = tl.load(read_slot + i_n)
+    b_S = tl.load(ssm + tl.maximum(rd, 0).to(tl.int64) * s_slot + p_state,
+                  mask=m_state & (rd >= 0), other=0.).to(tl.float32)
+
+    # tl.range lets Triton software-pipeline the loads of the next chunk; the interpreter (numpy
+    # >= 2) cannot take a loaded scalar as a range bound, so it runs the same body in a while loop
+    if INTERPRET:
+        j = 0
+        while j < nc:
+            b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+                             bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+                             i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
+                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET)
+            j += 1
+    else:
+        for j in tl.range(0, nc, num_stages=NUM_STAGES):
+            b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+                             bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+                             i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
+                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET)
+
+    wr = tl.load(write_slot + i_n)
+    tl.store(ssm + tl.maximum(wr, 0).to(tl.int64) * s_slot + p_state,
+             _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & (wr >= 0))
+
+
+class ChunkWorkspace:
+    """Persistent intermediates of gdn_chunk_prefill for up to ``max_tokens`` tokens.
+
+    Per token: w [HV, K] and u [HV, V] (the WY factors), P [HV, 64] (the decayed causal q.k row of
+    its chunk), the chunk-local cumsum of g [HV] (fp32), and the normalised q and k of each key head
+    ([HK, K] each; pass ``HK`` to size them, default room for HK = HV). ``dtype`` is the input dtype
+    of q, k, v; all but the cumsum are kept in it. That is max_tokens * (HV * (K + V + 64) + 2 * HK * K)
+    elements plus max_tokens * HV floats; nothing of size T/64 * HV * V * K. The workspace only
+    carries data between the two kernels of one call, so one serves every layer.
+    """
+
+    def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None):
+        if dtype not in _FLOATS:
+            raise ValueError(f"workspace dtype must be one of {_FLOATS}, got {dtype}")
+        HK = HV if HK is None else HK
+        if max_tokens < 1 or min(HV, K, V, HK) < 1 or HK > HV:
+            raise ValueError(f"need max_tokens, HV, K, V >= 1 and 1 <= HK <= HV, got "
+                             f"{max_tokens}, {HV}, {K}, {V}, HK={HK}")
+        self.max_tokens, self.HV, self.K, self.V, self.HK = int(max_tokens), int(HV), int(K), int(V), int(HK)
+        self.dtype, self.device = dtype, torch.device(device)
+        n = self.max_tokens
+        mk = dict(dtype=dtype, device=device)
+        self.w = torch.empty(n, HV, K, **mk)
+        self.u = torch.empty(n, HV, V, **mk)
+        self.p = torch.empty(n, HV, CHUNK, **mk)
+        self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
+        self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
+        self.kn = torch.empty(n, HK, K, **mk)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w, self.u, self.p, self.g, self.qs, self.kn))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _err(msg):
+    raise ValueError(f"gdn_chunk_prefill: {msg}")
+
+
+def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
+    for name, t in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm).items():
+        if not isinstance(t, torch.Tensor):
+            _err(f"{name} must be a tensor")
+        if not t.is_floating_point() or t.dtype not in _FLOATS:
+            _err(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        _err("q, k must be [T, HK, K] and v [T, HV, V]")
+    T, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != T:
+        _err(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        _err(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if HK < 1 or HV % HK:
+        _err(f"HV ({HV}) must be a multiple of HK ({HK})")
+    if K < 16 or V < 16:
+        _err(f"K and V must be at least 16, got K={K}, V={V}")
+    for name, t, d in (("q", q, K), ("k", k, K), ("v", v, V)):
+        if t.stride(2) != 1 or t.stride(1) != d:
+            _err(f"{name} needs a contiguous last dim and head stride = head dim, got strides {t.stride()}")
+    for name, t in (("a", a), ("b", b)):
+        if tuple(t.shape) != (T, HV) or t.stride(1) != 1:
+            _err(f"{name} must be [T, HV] = {(T, HV)} with a contiguous last dim, got "
+                 f"{tuple(t.shape)} strides {t.stride()}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if tuple(t.shape) != (HV,) or t.stride(0) != 1:
+            _err(f"{name} must be a contiguous [HV] = [{HV}] tensor, got {tuple(t.shape)}")
+    if ssm.dim() != 4 or tuple(ssm.shape[1:]) != (HV, V, K):
+        _err(f"ssm must be [num_slots, HV, V, K] = [*, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
+    if ssm.stride(3) != 1 or ssm.stride(2) != K or ssm.stride(1) != V * K or ssm.stride(0) < HV * V * K:
+        _err(f"ssm's inner [HV, V, K] must be contiguous, got strides {ssm.stride()}")
+    if not isinstance(meta, ChunkMeta):
+        _err("meta must be a ChunkMeta")
+    if not isinstance(meta.block_size, int) or meta.block_size <= 0 or meta.block_size % CHUNK:
+        _err(f"meta.block_size must be a positive multiple of {CHUNK}, got {meta.block_size}")
+    ms = meta.max_seqs
+    for name, size in (("cu_seqlens", ms + 1), ("start_pos", ms), ("read_slot", ms), ("write_slot", ms),
+                       ("ckpt_offsets", ms + 1), ("ckpt_slots", None), ("chunk_seq", None),
+                       ("chunk_idx", meta.max_chunks)):
+        t = getattr(meta, name)
+        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            _err(f"meta.{name} must be a contiguous 1-D int32 tensor")
+        if size is not None and t.shape[0] != size:
+            _err(f"meta.{name} must have {size} entries, has {t.shape[0]}")
+        if t.device != q.device:
+            _err(f"meta.{name} is on {t.device}, inputs on {q.device}")
+    if meta.ckpt_slots.shape[0] < 1:
+        _err("meta.ckpt_slots must hold at least one entry")
+    for name, t in dict(k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm).items():
+        if t.device != q.device:
+            _err(f"{name} is on {t.device}, q on {q.device}")
+    if out is not None:
+        if tuple(out.shape) != (T, HV, V) or out.dtype not in _FLOATS:
+            _err(f"out must be a float [T, HV, V] = {(T, HV, V)} tensor, got {tuple(out.shape)} {out.dtype}")
+        if out.stride(2) != 1 or out.stride(1) != V or out.device != q.device:
+            _err(f"out needs a contiguous last dim, head stride V and q's device, got strides {out.stride()}")
+    if workspace is not None:
+        ws = workspace
+        if not isinstance(ws, ChunkWorkspace):
+            _err("workspace must be a ChunkWorkspace")
+        if (ws.HV, ws.K, ws.V) != (HV, K, V) or ws.HK < HK or ws.dtype != q.dtype or ws.max_tokens < T:
+            _err(f"workspace (max_tokens={ws.max_tokens}, HV={ws.HV}, HK<={ws.HK}, K={ws.K}, V={ws.V}, "
+                 f"{ws.dtype}) does not fit T={T}, HV={HV}, HK={HK}, K={K}, V={V}, {q.dtype}")
+        if ws.w.device != q.device:
+            _err(f"workspace is on {ws.w.device}, inputs on {q.device}")
+
+
+def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
+                    num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee"):
+    """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill)."""
+    T, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    n_cprog = max(meta.max_chunks, 1)
+    _chunk_intra_kernel[(n_cprog * HV,)](
+        q, k, v, a, b, A_log, dt_bias, out,
+        ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn,
+        meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx,
+        T, meta.max_seqs, meta.max_chunks,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        float(scale),
+        HK=HK, HV=HV, K=K, V=V,
+        BK=triton.next_power_of_2(K), BVF=triton.next_power_of_2(V), BC=CHUNK,
+        DOT_PREC=dot_precision, INV_PREC=inv_precision, INTERPRET=_interpreting(),
+        num_warps=num_warps,
+    )
+
+
+def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
+                  bv: int = 32, num_warps: int = 4, num_stages: int = 2, dot_precision: str = "ieee"):
+    """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill)."""
+    HV, K, V = ws.HV, ws.K, ws.V
+    if meta.max_seqs == 0:
+        return
+    bv = min(bv, triton.next_power_of_2(V))
+    grid = (HV * triton.cdiv(V, bv), meta.max_seqs)
+    _chunk_seq_kernel[grid](
+        out, ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn, ssm,
+        meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets, meta.ckpt_slots,
+        meta.block_size, out.stride(0), ssm.stride(0),
+        HK=HK, HV=HV, K=K, V=V,
+        BK=triton.next_power_of_2(K), BV=bv, BC=CHUNK,
+        DOT_PREC=dot_precision, NUM_STAGES=num_stages, ROUND_STATE=ssm.dtype != torch.float32,
+        INTERPRET=_interpreting(), num_warps=num_warps,
+    )
+
+
+def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=None, scale=None,
+                      workspace: ChunkWorkspace | None = None, config: ChunkConfig | None = None):
+    """Chunked GatedDeltaNet prefill over a varlen batch, storing block states into the pool.
+
+    Args:
+        q, k: [T, HK, K]; v: [T, HV, V]; one float dtype (fp32, bf16, fp16). Last dim contiguous,
+            head stride = head dim, token stride arbitrary (views of a packed qkv tensor work).
+        a, b: [T, HV] gate inputs, last dim contiguous. A_log, dt_bias: [HV] (fp32 in models).
+            g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), q and k l2-normalised,
+            value head h uses key head h // (HV // HK).
+        ssm: state pool [num_slots, HV, V, K] (fp32, or bf16/fp16); slot stride may exceed
+            HV * V * K. MUTATED: for sequence i, ssm[write_slot[i]] gets the final state and
+            ssm[ckpt_slots[ckpt_offsets[i] + e]] the state after (start_pos[i] // B + 1 + e) * B
+            tokens (slot -1: nothing). ssm[read_slot[i]] is read first (-1: zero state); it may be
+            one of the slots written. No other slot is touched.
+        meta: ChunkMeta (see gdn_graphs.ops.meta); T may exceed its live tokens cu_seqlens[-1].
+        out: [T, HV, V] (default: new, v's dtype), last dim contiguous, head stride V. MUTATED:
+            live rows get the outputs, padding rows (>= cu_seqlens[-1]) zeros.
+        scale: query scale, default K ** -0.5.
+        workspace: ChunkWorkspace (max_tokens >= T, same HV, K, V, input dtype); default: a new one.
+        config: ChunkConfig launch knobs.
+    Returns ``out``. Graph-safe: no host sync and no allocation when out and workspace are given.
+    """
+    _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace)
+    T, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    cfg = DEFAULT_CONFIG if config is None else config
+    if out is None:
+        out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    if T == 0:
+        return out
+    if workspace is None:
+        workspace = ChunkWorkspace(T, HV, K, V, q.dtype, q.device, HK=HK)
+    scale = K ** -0.5 if scale is None else float(scale)
+    fp32 = q.dtype == torch.float32
+    dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
+    inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
+    chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, workspace, meta, scale,
+                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec)
+    chunk_seq_fwd(out, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+                  num_stages=cfg.stages, dot_precision=dot_prec)
+    return out

@@ -38,9 +38,9 @@ SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
 MODES = [("off", None), ("B=256", 256), ("B=1024", 1024)]
 OFF_BLOCK = 1 << 30  # a multiple of 64 beyond every position: no checkpoint inside any span
 SWEEP = ([dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2)]
-         + [dict(bv=bv, warps_seq=4, stages=3) for bv in (16, 32)])
+         + [dict(bv=bv, warps_seq=4, stages=3) for bv in (16, 32)]
+         + [dict(bv=32, warps_seq=4, stages=2, warps_intra=8)])
 SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (1, 2)]
-WARPS_INTRA = (4, 8)
 MiB = 1 << 20
 DEVICE = "cuda"  # --cpu-dry-run switches to the CPU (Triton interpreter) and tiny shapes
 
@@ -51,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, type=Path, help="directory for bench_prefill.json / .png")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller knob sweep")
     p.add_argument("--no-fla", action="store_true", help="skip the fla-core comparison")
+    p.add_argument("--no-sweep", action="store_true", help="skip the launch-knob sweep")
+    p.add_argument("--sweep-worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="check the bookkeeping on the CPU (Triton interpreter, tiny shapes, wall-clock "
                         "timer, no fla); the numbers mean nothing")
@@ -225,41 +227,61 @@ def bench_fla(torch, triton, fla_fn, case, quick):
 # knob sweep
 # ---------------------------------------------------------------------------------------------
 
-def sweep(torch, triton, cases, quick):
-    from gdn_graphs.ops.chunk import ChunkConfig, chunk_intra_fwd, gdn_chunk_prefill
+def sweep_worker(torch, triton, start, quick, jsonl: Path):
+    """Time and check the knob configs from index ``start`` on (1x8192, B = 256), one JSON line each.
 
-    main = cases[SHAPES[0]]
-    meta = main.metas["B=256"]
-    rows = []
-    for knobs in (SWEEP_QUICK if quick else SWEEP):
-        cfg = ChunkConfig(**knobs)
+    Runs in a child process: a config that crashes the CUDA context (an illegal access would poison
+    every later launch) then costs only its own line; the parent restarts after it. Each config's
+    output is compared with the default config's (a miscompiled config must not win the sweep)."""
+    from gdn_graphs.ops.chunk import DEFAULT_CONFIG, ChunkConfig, gdn_chunk_prefill
+
+    case = Case(torch, *SHAPES[0])
+    meta = case.metas["B=256"]
+    gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws, config=DEFAULT_CONFIG)
+    ref = case.out.float().clone()
+    knobs_all = SWEEP_QUICK if quick else SWEEP
+    for i in range(start, len(knobs_all)):
+        knobs = knobs_all[i]
+        row = dict(knobs, index=i)
         try:
-            ms = bench_ms(triton, lambda: gdn_chunk_prefill(*main.args(), meta, out=main.out,
-                                                            workspace=main.ws, config=cfg), quick)
-            rows.append(dict(knobs, ms=ms, Mtok_s=mtok(main.T, ms)))
+            cfg = ChunkConfig(**knobs)
+            case.out.fill_(float("nan"))
+            gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws, config=cfg)
+            torch.cuda.synchronize() if DEVICE == "cuda" else None
+            row["rel_diff_vs_default"] = float((case.out.float() - ref).norm() / ref.norm())
+            ms = bench_ms(triton, lambda: gdn_chunk_prefill(*case.args(), meta, out=case.out,
+                                                            workspace=case.ws, config=cfg), quick)
+            row.update(ms=ms, Mtok_s=mtok(case.T, ms))
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record and go on
-            rows.append(dict(knobs, error=f"{e.__class__.__name__}: {str(e)[:200]}"))
-    intra = []
-    for w in WARPS_INTRA:
-        ms = bench_ms(triton, lambda: chunk_intra_fwd(
-            main.q, main.k, main.v, main.a, main.b, main.A_log, main.dt_bias, main.out, main.ws, meta,
-            K ** -0.5, num_warps=w, dot_precision="tf32", inv_precision="tf32"), quick)
-        intra.append(dict(warps_intra=w, ms_intra=ms))
-    ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
-    best_intra = min(intra, key=lambda r: r["ms_intra"])["warps_intra"]
-    top = []
-    for r in ok[:3]:
-        knobs = {k: r[k] for k in ("bv", "warps_seq", "stages")}
-        cfg = ChunkConfig(warps_intra=best_intra, **knobs)
-        per_shape = {}
-        for shape, case in cases.items():
-            m = case.metas["B=256"]
-            ms = bench_ms(triton, lambda: gdn_chunk_prefill(*case.args(), m, out=case.out, workspace=case.ws,
-                                                            config=cfg), quick)
-            per_shape[f"{shape[0]}x{shape[1]}"] = dict(ms=ms, Mtok_s=mtok(case.T, ms))
-        top.append(dict(knobs, warps_intra=best_intra, shapes=per_shape))
-    return dict(shape=f"{SHAPES[0][0]}x{SHAPES[0][1]}", mode="B=256", seq=rows, intra=intra,
-                top3_all_shapes=top)
+            row["error"] = f"{e.__class__.__name__}: {str(e)[:200]}"
+        with jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def sweep(args):
+    """Run sweep_worker in child processes until every config has a line; returns the rows."""
+    jsonl = args.out / "bench_prefill_sweep.jsonl"
+    jsonl.unlink(missing_ok=True)
+    n = len(SWEEP_QUICK if args.quick else SWEEP)
+    start = 0
+    while start < n:
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--sweep-worker", str(start)]
+        cmd += ["--quick"] if args.quick else []
+        cmd += ["--cpu-dry-run"] if args.cpu_dry_run else []
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+        done = len(rows)
+        if done < n and proc.returncode != 0:  # config `done` killed the worker: record, skip it
+            knobs = (SWEEP_QUICK if args.quick else SWEEP)[done]
+            err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+            with jsonl.open("a") as f:
+                f.write(json.dumps(dict(knobs, index=done, error=f"worker died: {err}")) + "\n")
+            done += 1
+        if done <= start:
+            break
+        start = done
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    return dict(shape=f"{SHAPES[0][0]}x{SHAPES[0][1]}", mode="B=256", seq=rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +313,7 @@ def plot(path, results):
     ax.set_title(f"GDN chunked prefill, HV {HV}, K = V = {K}, bf16 ({results['device']})", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[1]
-    rows = [r for r in results["sweep"]["seq"] if "Mtok_s" in r]
+    rows = [r for r in results.get("sweep", {}).get("seq", []) if "Mtok_s" in r]
     ax.bar(range(len(rows)), [r["Mtok_s"] for r in rows])
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"bv{r['bv']} w{r['warps_seq']} s{r['stages']}" for r in rows], rotation=70, fontsize=7)
@@ -326,30 +348,27 @@ def print_table(results):
               f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
     if results.get("fla_error"):
         print(f"fla-core not compared: {results['fla_error']}")
-    sw = results["sweep"]
-    print(f"\nknob sweep, {sw['shape']} B=256 (best first):")
+    sw = results.get("sweep")
+    if not sw:
+        return
+    print(f"\nknob sweep, {sw['shape']} B=256 (best first; rel diff of out vs the default config):")
     for r in sorted(sw["seq"], key=lambda r: r.get("ms", 1e9))[:8]:
-        print(f"  bv {r['bv']:3d} warps_seq {r['warps_seq']} stages {r['stages']}: "
-              + (f"{r['ms']:.3f} ms {r['Mtok_s']:.2f} Mtok/s" if "ms" in r else r["error"]))
-    print("  parallel kernel alone: " + ", ".join(f"warps {r['warps_intra']}: {r['ms_intra']:.3f} ms"
-                                                  for r in sw["intra"]))
-    for t in sw["top3_all_shapes"]:
-        print(f"  bv {t['bv']} warps_seq {t['warps_seq']} stages {t['stages']} warps_intra {t['warps_intra']}: "
-              + ", ".join(f"{s} {v['Mtok_s']:.2f}" for s, v in t["shapes"].items()) + " Mtok/s")
+        print(f"  bv {r['bv']:3d} warps_intra {r.get('warps_intra', '-')} warps_seq {r['warps_seq']} "
+              f"stages {r['stages']}: " + (f"{r['ms']:.3f} ms {r['Mtok_s']:.2f} Mtok/s "
+                                          f"(diff {r['rel_diff_vs_default']:.1e})" if "ms" in r else r["error"]))
 
 
 def _dry_run_setup():
     """Tiny shapes on the CPU under the Triton interpreter: exercises every code path of this
     script except the GPU timers, the memory counters and fla."""
     import os
-    global DEVICE, HK, HV, K, V, SHAPES, MODES, SWEEP, SWEEP_QUICK, WARPS_INTRA
+    global DEVICE, HK, HV, K, V, SHAPES, MODES, SWEEP, SWEEP_QUICK
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
     HK, HV, K, V = 1, 2, 32, 32
     SHAPES = [(1, 192), (2, 64), (1, 256)]
     MODES = [("off", None), ("B=256", 64), ("B=1024", 128)]
     SWEEP = SWEEP_QUICK = [dict(bv=16, warps_seq=4, stages=1), dict(bv=32, warps_seq=4, stages=2)]
-    WARPS_INTRA = (4,)
 
 
 def main(argv=None):
@@ -362,6 +381,9 @@ def main(argv=None):
     if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_prefill needs a CUDA GPU (or --cpu-dry-run)")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.sweep_worker is not None:
+        torch.set_grad_enabled(False)
+        return sweep_worker(torch, triton, args.sweep_worker, args.quick, args.out / "bench_prefill_sweep.jsonl")
     from gdn_graphs.ops.chunk import DEFAULT_CONFIG
     results = dict(
         date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit(),
@@ -392,10 +414,13 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - report, do not die
                 entry["fla"] = dict(error=f"{e.__class__.__name__}: {str(e)[:300]}")
         results["shapes"][name] = entry
-    log("knob sweep")
-    results["sweep"] = sweep(torch, triton, cases, args.quick)
-    log("done")
     json_path = args.out / "bench_prefill.json"
+    json_path.write_text(json.dumps(results, indent=1, default=str))  # kept if the sweep dies
+    del cases
+    if not args.no_sweep:
+        log("knob sweep (child processes)")
+        results["sweep"] = sweep(args)
+    log("done")
     json_path.write_text(json.dumps(results, indent=1, default=str))
     png = args.out / "bench_prefill.png"
     wrote = plot(png, results)

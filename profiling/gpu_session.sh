@@ -16,7 +16,7 @@ rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   t0=$(date +%s)
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider ${kexpr:+-k "$kexpr"} \
-    --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|Error|error|FAIL" | tail -40
+    -rP --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|Error|error|FAIL" | tail -40
   rc=${PIPESTATUS[0]}
   echo "gpu tests: rc=$rc in $(( $(date +%s) - t0 )) s"
 fi

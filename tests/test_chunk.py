@@ -477,7 +477,7 @@ def test_gpu_graph_replay_matches_eager(gpu):
     """Capture once at static upper bounds, replay three different batches (new metadata and
     inputs copied into the persistent buffers), each bit-identical to an eager run."""
     HK, HV, K, V = GPU_DIMS.values()
-    B, max_tokens, max_seqs, num_slots = 256, 65536, 8, 160
+    B, max_tokens, max_seqs, num_slots = 256, 65536, 8, 320
     from gdn_graphs.ops.meta import host_chunk_meta, max_chunks_bound, max_ckpts_bound
     maxima = dict(max_seqs=max_seqs, max_chunks=max_chunks_bound(max_tokens, max_seqs),
                   max_ckpts=max_ckpts_bound(max_tokens, max_seqs, B))

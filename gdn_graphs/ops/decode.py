@@ -166,20 +166,18 @@ def _gdn_decode_kernel(
 def default_config(K: int, V: int, N: int, state_dtype: torch.dtype = torch.float32):
     """Default (BV, num_warps) for a launch, from the shapes only.
 
-    A program streams a [BV, K] state tile in and out, so it wants a tile big enough to amortise
-    its fixed cost (slot load -> state load, two dependent round trips) yet small enough that
-    many programs fit on an SM and all of them have memory requests in flight. Aim at an ~8 KiB
-    tile (fp32, K = 128: BV = 16) and about 32 state elements per thread (num_warps = 2 there, each
-    warp spanning K with 16-byte vectors). Below 16 rows there are too few programs to fill 132
-    SMs, so halve the tile. These are defaults; profiling/bench_decode.py sweeps them.
+    A program streams a [BV, K] state tile in and out; the launch is memory-bound, so what counts
+    is many small programs with their loads in flight. Measured on an H200 (HV 32, K = V = 128,
+    fp32 state, profiling/results/2026-11-29/bench_decode.json): a 4 KiB tile with one warp
+    (BV = 8) was best at N = 16, 64 and 256 (3.95 TB/s = 92% of copy at N = 256, against 90% for
+    8 KiB / 2 warps), and a 2 KiB tile (BV = 4) at N = 1, where too few programs fill 132 SMs.
     """
     BK = triton.next_power_of_2(K)
-    elem = state_dtype.itemsize
-    target_elems = 8192 // elem                       # ~8 KiB per tile
+    target_elems = 4096 // state_dtype.itemsize       # ~4 KiB per tile
     BV = max(1, min(triton.next_power_of_2(V), target_elems // BK))
     if N < 16:
-        BV = max(1, min(BV, 8))
-    num_warps = max(1, min(8, (BV * BK) // (32 * 32)))
+        BV = max(1, min(BV, 4))
+    num_warps = max(1, min(8, (BV * BK) // 1024))     # ~32 state elements per thread
     return BV, num_warps
 
 

@@ -236,6 +236,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="prefix caching demo: hits, TTFT, decode speed, identical tokens")
     d.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    d.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON to PATH")
     d.add_argument("--preset", choices=["tiny", "qwen3-next"], default=None,
                    help="model preset (default: qwen3-next on a GPU, tiny on CPU)")
     d.add_argument("--prompt-repeats", type=int, default=None,
@@ -253,6 +254,9 @@ def main(argv=None) -> int:
 
     if args.cmd == "demo":
         res = run_demo(args)
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(res, f, indent=1)
         if args.json:
             print(json.dumps(res, indent=1))
         else:

@@ -52,6 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller knob sweep")
     p.add_argument("--no-fla", action="store_true", help="skip the fla-core comparison")
     p.add_argument("--no-sweep", action="store_true", help="skip the launch-knob sweep")
+    p.add_argument("--sweep-only", action="store_true", help="only the launch-knob sweep")
     p.add_argument("--sweep-worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="check the bookkeeping on the CPU (Triton interpreter, tiny shapes, wall-clock "
@@ -256,6 +257,8 @@ def sweep_worker(torch, triton, start, quick, jsonl: Path):
             row["error"] = f"{e.__class__.__name__}: {str(e)[:200]}"
         with jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if "CUDA error" in row.get("error", ""):
+            sys.exit(3)  # the context is dead: the parent restarts after this config
 
 
 def sweep(args):
@@ -271,7 +274,7 @@ def sweep(args):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
         done = len(rows)
-        if done < n and proc.returncode != 0:  # config `done` killed the worker: record, skip it
+        if done < n and proc.returncode not in (0, 3):  # config `done` killed the worker: record it
             knobs = (SWEEP_QUICK if args.quick else SWEEP)[done]
             err = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
             with jsonl.open("a") as f:
@@ -324,7 +327,9 @@ def plot(path, results):
     return True
 
 
-def print_table(results):
+def print_table(results, sweep_only=False):
+    if sweep_only:
+        return _print_sweep(results)
     print()
     print(f"GDN chunked prefill, HK {HK}, HV {HV}, K = V = {K}, bf16 inputs, fp32 pool -- {results['device']}")
     hdr = (f"{'shape':>8} {'mode':>7} {'ms':>8} {'Mtok/s':>8} {'intra ms':>9} {'seq ms':>8} {'ckpts':>6} "
@@ -348,6 +353,10 @@ def print_table(results):
               f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
     if results.get("fla_error"):
         print(f"fla-core not compared: {results['fla_error']}")
+    _print_sweep(results)
+
+
+def _print_sweep(results):
     sw = results.get("sweep")
     if not sw:
         return
@@ -384,6 +393,10 @@ def main(argv=None):
     if args.sweep_worker is not None:
         torch.set_grad_enabled(False)
         return sweep_worker(torch, triton, args.sweep_worker, args.quick, args.out / "bench_prefill_sweep.jsonl")
+    if args.sweep_only:
+        sw = sweep(args)
+        (args.out / "bench_prefill_sweep.json").write_text(json.dumps(sw, indent=1))
+        return print_table(dict(shapes={}, sweep=sw, device="", fla_error=None), sweep_only=True)
     from gdn_graphs.ops.chunk import DEFAULT_CONFIG
     results = dict(
         date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit(),

@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
-# One device call: GPU tests + benchmarks, a short table printed last, everything under $OUT.
-#   run(command="bash profiling/gpu_session.sh [tests|bench|all] [pytest -k expr]", carry=[".whl"])
-# .whl holds wheels the GPU image lacks (nvtx, fla-core) for Python 3.12; see profiling/README.md.
+# One device call: GPU tests, benchmarks and the demo; a short summary printed last; everything
+# packed into $OUT/session.tgz (the device returns at most 8 files).
+#   run(command="bash profiling/gpu_session.sh tests bench demo", carry=[".whl"])
+# Targets: tests (pytest -m gpu; TEST_K=expr selects), bench (decode + prefill), sweep (prefill
+# launch knobs only), demo (gdn-graphs demo at full size). .whl holds wheels the GPU image lacks
+# (nvtx, fla-core) for Python 3.12; see profiling/README.md.
 set -uo pipefail
-what=${1:-all}; kexpr=${2:-}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/out}; W=/tmp/session; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
-rc=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git rev-parse --short HEAD; } > "$W/gpu.txt" 2>&1
+summary=()
+for what in ${@:-tests bench}; do
   t0=$(date +%s)
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider ${kexpr:+-k "$kexpr"} \
-    -rP --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|Error|error|FAIL" | tail -40
-  rc=${PIPESTATUS[0]}
-  echo "gpu tests: rc=$rc in $(( $(date +%s) - t0 )) s"
-fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  for b in bench_decode bench_prefill; do
-    [ -f "profiling/$b.py" ] || continue
-    t0=$(date +%s)
-    timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$OUT" > "$OUT/$b.log" 2>&1; brc=$?
-    echo "$b: rc=$brc in $(( $(date +%s) - t0 )) s"; tail -25 "$OUT/$b.log"
-  done
-fi
-exit $rc
+  case $what in
+    tests) timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} \
+             -rP --junitxml="$W/gpu_tests.xml" tests > "$W/gpu_tests.log" 2>&1; rc=$?
+           grep -E "^(PASSED|FAILED|ERROR)|speedup|passed|failed" "$W/gpu_tests.log" | tail -30 ;;
+    bench) rc=0
+           for b in bench_decode bench_prefill; do
+             extra=; [ $b = bench_prefill ] && extra=--no-sweep
+             timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$W" $extra > "$W/$b.log" 2>&1 || rc=$?
+             tail -22 "$W/$b.log" | tr '\r' '\n' | grep -v "it/s\]"
+           done ;;
+    sweep) timeout "${BENCH_TIMEOUT:-200}" python3 profiling/bench_prefill.py --out "$W" --sweep-only > "$W/sweep.log" 2>&1; rc=$?
+           tail -20 "$W/sweep.log" ;;
+    demo)  timeout "${DEMO_TIMEOUT:-420}" python3 -m gdn_graphs.cli demo --json-out "$W/demo.json" ${DEMO_ARGS:-} > "$W/demo.log" 2>&1; rc=$?
+           tail -40 "$W/demo.log" ;;
+    *) echo "unknown target $what"; rc=2 ;;
+  esac
+  summary+=("$what: rc=$rc in $(( $(date +%s) - t0 )) s")
+done
+tar -C "$W" -czf "$OUT/session.tgz" . && cp "$W"/*.json "$OUT"/ 2>/dev/null
+printf '%s\n' "${summary[@]}"

@@ -37,10 +37,8 @@ HK, HV, K, V = 16, 32, 128, 128
 SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
 MODES = [("off", None), ("B=256", 256), ("B=1024", 1024)]
 OFF_BLOCK = 1 << 30  # a multiple of 64 beyond every position: no checkpoint inside any span
-SWEEP = ([dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2)]
-         + [dict(bv=bv, warps_seq=4, stages=3) for bv in (16, 32)]
-         + [dict(bv=32, warps_seq=4, stages=2, warps_intra=8)])
-SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (1, 2)]
+SWEEP = [dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
+SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (2, 3)]
 MiB = 1 << 20
 DEVICE = "cuda"  # --cpu-dry-run switches to the CPU (Triton interpreter) and tiny shapes
 
@@ -377,7 +375,7 @@ def _dry_run_setup():
     HK, HV, K, V = 1, 2, 32, 32
     SHAPES = [(1, 192), (2, 64), (1, 256)]
     MODES = [("off", None), ("B=256", 64), ("B=1024", 128)]
-    SWEEP = SWEEP_QUICK = [dict(bv=16, warps_seq=4, stages=1), dict(bv=32, warps_seq=4, stages=2)]
+    SWEEP = SWEEP_QUICK = [dict(bv=16, warps_seq=4, stages=2), dict(bv=32, warps_seq=4, stages=3)]
 
 
 def main(argv=None):

@@ -533,3 +533,37 @@ def test_gpu_graph_replay_matches_eager(gpu):
         live = lst["cu_seqlens"][-1]
         assert torch.isfinite(out[:live].float()).all()
         assert torch.equal(out[live:], torch.zeros_like(out[live:]))
+
+
+def test_chunk_config_refuses_unvalidated_knobs():
+    for bad in (dict(stages=1), dict(bv=8), dict(bv=128), dict(warps_seq=16), dict(warps_intra=2),
+                dict(dot_precision="fp64")):
+        with pytest.raises(ValueError):
+            ChunkConfig(**bad)
+    assert ChunkConfig().stages == 3 and ChunkConfig().bv == 32
+
+
+@pytest.mark.gpu
+def test_gpu_every_accepted_config_matches_default(gpu):
+    """Every launch config ChunkConfig accepts computes what the default computes, bit for bit
+    (outputs and stored states), on a batch with mid-chunk starts and checkpoints."""
+    import itertools
+    HK, HV, K, V = GPU_DIMS.values()
+    B = 128
+    seqs = [(1000, 0), (300, 37), (129, 256), (2, 63)]
+    inputs = make_inputs(sum(L for L, _ in seqs), HK, HV, K, V, torch.bfloat16, gpu, seed=40)
+    pool0 = make_pool(64, HV, V, K, torch.float32, gpu)
+    reads, writes, ckpts = plan(seqs, B, pool0.shape[0], random.Random(5))
+    seed_states(pool0, reads)
+    meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, B, device=gpu)
+    results = {}
+    for bv, ws, st, wi in itertools.product((16, 32, 64), (4, 8), (2, 3), (4, 8)):
+        cfg = ChunkConfig(bv=bv, warps_seq=ws, stages=st, warps_intra=wi)
+        pool = pool0.clone()
+        out = gdn_chunk_prefill(*inputs, pool, meta, config=cfg)
+        torch.cuda.synchronize()
+        results[cfg] = (out, pool)
+    ref_out, ref_pool = results[ChunkConfig()]
+    bad = [c for c, (o, p) in results.items()
+           if not (torch.equal(o, ref_out) and torch.equal(p.nan_to_num(7.0), ref_pool.nan_to_num(7.0)))]
+    assert not bad, f"configs that differ from the default: {bad}"

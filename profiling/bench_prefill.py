@@ -164,7 +164,7 @@ def bench_ours(torch, triton, case, quick, cfg=None):
             K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32"), quick)
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd(
             case.out, case.pool, case.ws, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-            num_stages=cfg.stages, dot_precision="tf32"), quick)
+            num_stages=cfg.stages_for(torch.bfloat16), dot_precision="tf32"), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()))
     off = res["off"]["ms"]

@@ -302,6 +302,7 @@ def test_bad_inputs_raise(device):
 
 _COMPILE_SCRIPT = r"""
 import os, re, subprocess, sys, tempfile
+import torch
 import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
@@ -314,7 +315,7 @@ common = dict(HK=HK, HV=HV, K=K, V=V, BK=K, BC=CHUNK, DOT_PREC="tf32", INTERPRET
 kernels = [
     (C._chunk_intra_kernel, dict(common, BVF=V, INV_PREC="tf32"), cfg.warps_intra,
      dict(a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*fp32", g_ws="*fp32", scale="fp32")),
-    (C._chunk_seq_kernel, dict(common, BV=cfg.bv, NUM_STAGES=cfg.stages, ROUND_STATE=False),
+    (C._chunk_seq_kernel, dict(common, BV=cfg.bv, NUM_STAGES=cfg.stages_for(torch.bfloat16), ROUND_STATE=False),
      cfg.warps_seq, dict(g_ws="*fp32", ssm="*fp32")),
 ]
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "read_slot", "write_slot",
@@ -540,7 +541,8 @@ def test_chunk_config_refuses_unvalidated_knobs():
                 dict(dot_precision="fp64")):
         with pytest.raises(ValueError):
             ChunkConfig(**bad)
-    assert ChunkConfig().stages == 3 and ChunkConfig().bv == 32
+    assert ChunkConfig().stages_for(torch.bfloat16) == 3 and ChunkConfig().bv == 32
+    assert ChunkConfig().stages_for(torch.float32) == 2  # 3 stages of fp32 tiles exceed shared memory
 
 
 @pytest.mark.gpu
@@ -557,7 +559,7 @@ def test_gpu_every_accepted_config_matches_default(gpu):
     seed_states(pool0, reads)
     meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, B, device=gpu)
     results = {}
-    for bv, ws, st, wi in itertools.product((16, 32, 64), (4, 8), (2, 3), (4, 8)):
+    for bv, ws, st, wi in itertools.product((16, 32, 64), (4, 8), (None, 2, 3), (4, 8)):
         cfg = ChunkConfig(bv=bv, warps_seq=ws, stages=st, warps_intra=wi)
         pool = pool0.clone()
         out = gdn_chunk_prefill(*inputs, pool, meta, config=cfg)

@@ -67,7 +67,9 @@ class ChunkConfig:
     inputs, "tf32" otherwise). The interpreter always computes in fp32.
 
     Defaults and limits come from the H200 sweep (profiling/results/2026-11-29): bv 32, 4 warps,
-    3 stages was fastest on 1x8192 (12.9 M tok/s against 11.8 with 2 stages). ``stages=1`` is
+    3 stages was fastest on 1x8192 bf16 (12.9 M tok/s against 11.8 with 2 stages); fp32 inputs
+    need twice the shared memory per stage, and 3 stages do not fit (279 KB > 227 KB), so
+    ``stages=None`` means 3 for 16-bit inputs and 2 for fp32. ``stages=1`` is
     refused: with Triton 3.6 on an H200 it gave wrong outputs for bv <= 32 (relative difference
     up to 1.2, NaN) and one illegal memory access (bv 16, 8 warps), while every pipelined config
     matched the default bit for bit.
@@ -76,7 +78,7 @@ class ChunkConfig:
     bv: int = 32
     warps_intra: int = 4
     warps_seq: int = 4
-    stages: int = 3
+    stages: int | None = None
     dot_precision: str | None = None
     inv_precision: str | None = None
 
@@ -86,12 +88,18 @@ class ChunkConfig:
         for name in ("warps_intra", "warps_seq"):
             if getattr(self, name) not in (4, 8):
                 raise ValueError(f"ChunkConfig.{name} must be 4 or 8, got {getattr(self, name)}")
-        if self.stages not in (2, 3):
-            raise ValueError(f"ChunkConfig.stages must be 2 or 3 (1 miscompiles, see the docstring), "
+        if self.stages not in (None, 2, 3):
+            raise ValueError(f"ChunkConfig.stages must be None, 2 or 3 (1 miscompiles, see the docstring), "
                              f"got {self.stages}")
         for name in ("dot_precision", "inv_precision"):
             if getattr(self, name) not in (None, "ieee", "tf32", "tf32x3"):
                 raise ValueError(f"ChunkConfig.{name} must be None, 'ieee', 'tf32' or 'tf32x3'")
+
+    def stages_for(self, dtype: torch.dtype) -> int:
+        """Pipelining depth for inputs of ``dtype`` (see the class docstring)."""
+        if self.stages is not None:
+            return self.stages
+        return 2 if dtype == torch.float32 else 3
 
 
 DEFAULT_CONFIG = ChunkConfig()
@@ -542,5 +550,5 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, workspace, meta, scale,
                     num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec)
     chunk_seq_fwd(out, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-                  num_stages=cfg.stages, dot_precision=dot_prec)
+                  num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec)
     return out

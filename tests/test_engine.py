@@ -5,7 +5,6 @@ GPU tier (marker ``gpu``): all three modes, FULL-graph replay vs eager, the 36-l
 """
 
 import random
-import time
 
 import pytest
 import torch

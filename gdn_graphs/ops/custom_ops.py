@@ -75,7 +75,6 @@ def step_context(ctx: StepContext):
 
 def _split_qkv(x: torch.Tensor, HK: int, K: int, HV: int, V: int):
     """Views q [T,HK,K], k [T,HK,K], v [T,HV,V] into the packed conv output x [T, conv_dim]."""
-    T = x.shape[0]
     q = x[:, : HK * K].unflatten(1, (HK, K))
     k = x[:, HK * K: 2 * HK * K].unflatten(1, (HK, K))
     v = x[:, 2 * HK * K:].unflatten(1, (HV, V))

@@ -305,19 +305,8 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
     BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
-    if N == 0:
-        return out
-    scale = K ** -0.5 if scale is None else float(scale)
-    grid = (N, HV * triton.cdiv(V, BV))
-    _gdn_decode_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, ssm, out,
-        None, read_slot, write_slot,
-        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
-        ssm.stride(0), 1, 1,
-        scale,
-        HK=HK, HV=HV, K=K, V=V, BV=BV, num_warps=num_warps,
-    )
-    return out
+    return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
+                   N, scale, BV, num_warps)
 
 
 def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,
@@ -345,15 +334,24 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
     BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
+                   write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps)
+
+
+def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
+            write_stride, write_width, N, scale, BV, num_warps):
+    """One launch of the kernel over N rows (checks already done; nothing here syncs)."""
     if N == 0:
         return out
+    HK, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
     scale = K ** -0.5 if scale is None else float(scale)
     grid = (N, HV * triton.cdiv(V, BV))
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm, out,
         cu_seqlens, read_slot, write_slots,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
-        ssm.stride(0), write_slots.stride(0), write_slots.shape[1],
+        ssm.stride(0), write_stride, write_width,
         scale,
         HK=HK, HV=HV, K=K, V=V, BV=BV, num_warps=num_warps,
     )

@@ -33,6 +33,12 @@ def _setup_env() -> bool:
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        import triton
+
+        if triton.__version__.startswith("3.9"):
+            # seen: its interpreter types `mask & (scalar >= 0)` as int32 and rejects the load
+            sys.exit(f"gdn-graphs: Triton {triton.__version__}'s interpreter cannot run these kernels on "
+                     f"a CPU; install triton 3.6 to 3.8 (pip install 'triton>=3.6,<3.9')")
     return has_gpu
 
 

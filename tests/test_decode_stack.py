@@ -53,15 +53,15 @@ def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backen
     C = 2 * HK * K + HV * V
     max_rows = max(buckets)
     num_slots = 2 * max_rows + 8
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
     planner = GDNPlanner(PlanLimits(max_seqs=max_rows, max_tokens=max_rows, block_size=B,
                                     num_slots=num_slots, max_blocks_per_seq=64), device)
-    ssm = [(0.1 * rnd(num_slots, HV, V, K)).to(device) for _ in range(layers)]
-    conv = [rnd(num_slots, C, W - 1).to(dtype).to(device) for _ in range(layers)]
-    conv_w = [(0.5 * rnd(C, W)).to(dtype).to(device) for _ in range(layers)]
-    A_log = [torch.rand(HV, generator=gen).mul(2).to(device) for _ in range(layers)]
-    dt_bias = [rnd(HV).to(device) for _ in range(layers)]
+    ssm = [0.1 * rnd(num_slots, HV, V, K) for _ in range(layers)]
+    conv = [rnd(num_slots, C, W - 1).to(dtype) for _ in range(layers)]
+    conv_w = [(0.5 * rnd(C, W)).to(dtype) for _ in range(layers)]
+    A_log = [torch.rand(HV, generator=gen, device=device).mul(2) for _ in range(layers)]
+    dt_bias = [rnd(HV) for _ in range(layers)]
     x = torch.zeros(max_rows, C, dtype=dtype, device=device)   # persistent inputs of the step
     ab = torch.zeros(max_rows, 2 * HV, dtype=dtype, device=device)
     rs, ws = planner.decode_read, planner.decode_write

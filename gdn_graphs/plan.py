@@ -127,9 +127,12 @@ class GDNPlanner:
         self.limits = limits
         self.device = torch.device(device)
         S = limits.max_seqs
-        sizes = {"decode_read": S, "decode_write": S, "cu_seqlens": S + 1, "start_pos": S,
-                 "read_slot": S, "write_slot": S, "ckpt_offsets": S + 1,
-                 "ckpt_slots": limits.max_ckpts, "chunk_seq": limits.max_chunks,
+        # Every slot-valued buffer first, so flat[:slot_end] holds all the slots of a step and
+        # nothing else (an engine whose block ids live only on the device plans on placeholder
+        # slots and rewrites that one span in place: gdn_graphs.vllm.slots).
+        sizes = {"decode_read": S, "decode_write": S, "read_slot": S, "write_slot": S,
+                 "ckpt_slots": limits.max_ckpts, "cu_seqlens": S + 1, "start_pos": S,
+                 "ckpt_offsets": S + 1, "chunk_seq": limits.max_chunks,
                  "chunk_idx": limits.max_chunks}
         self._spans: dict[str, tuple[int, int]] = {}
         off = 0
@@ -137,9 +140,12 @@ class GDNPlanner:
             self._spans[name] = (off, size)
             off += -(-size // _ALIGN) * _ALIGN
         self._total = off
+        self.decode_end = sum(self._spans["decode_write"])
+        self.slot_end = sum(self._spans["ckpt_slots"])
 
-        # zeros, not empty: the alignment gaps are never written and must not hold garbage.
-        self.flat = torch.zeros(self._total, dtype=torch.int32, device=self.device)
+        # NO_SLOT, not empty: the alignment gaps are never written and must not hold garbage (a
+        # gap inside the slot span reads as "no slot" to anything that rewrites the span).
+        self.flat = torch.full((self._total,), NO_SLOT, dtype=torch.int32, device=self.device)
         views = {name: self.flat[o:o + n] for name, (o, n) in self._spans.items()}
         self.decode_read: torch.Tensor = views["decode_read"]
         self.decode_write: torch.Tensor = views["decode_write"]
@@ -149,7 +155,7 @@ class GDNPlanner:
         # non_blocking copy still in flight is never overwritten and plan() can run one step ahead.
         use_cuda = self.device.type == "cuda" and torch.cuda.is_available()
         n_stage = 2 if use_cuda else 1
-        self._staging = [torch.zeros(self._total, dtype=torch.int32, pin_memory=use_cuda)
+        self._staging = [torch.full((self._total,), NO_SLOT, dtype=torch.int32, pin_memory=use_cuda)
                          for _ in range(n_stage)]
         self._staging_np = [t.numpy() for t in self._staging]
         self._events: list[Any] = [None] * n_stage

@@ -370,7 +370,8 @@ BAD = {
                                         "dt_bias": d["dt_bias"][:3], "ssm": d["ssm"][:, :3]},
     "q last dim strided": lambda d: {"q": d["q"].transpose(1, 2).contiguous().transpose(1, 2)},
     "a wrong shape": lambda d: {"a": d["a"][:, :2]},
-    "A_log bf16": lambda d: {"A_log": d["A_log"].bfloat16()},
+    "A_log int": lambda d: {"A_log": d["A_log"].to(torch.int32)},
+    "dt_bias 2-d": lambda d: {"dt_bias": d["dt_bias"][:, None]},
     "ssm wrong rank": lambda d: {"ssm": d["ssm"].flatten(2)},
     "ssm wrong head dim": lambda d: {"ssm": d["ssm"][..., :8]},
     "ssm fp64": lambda d: {"ssm": d["ssm"].double()},
@@ -392,6 +393,18 @@ def test_bad_input_raises(case, device):
         d["out"] = d["out"].to(device)
     with pytest.raises(ValueError):
         gdn_decode(**d)
+
+
+def test_bf16_gate_params_read_as_fp32(device):
+    """vLLM keeps dt_bias in the model dtype: a bf16 dt_bias/A_log must give exactly what their
+    fp32 upcasts give (the kernel reads both as fp32)."""
+    d = _good(device)
+    d["A_log"], d["dt_bias"] = d["A_log"].bfloat16(), d["dt_bias"].bfloat16()
+    ssm0 = d["ssm"].clone()
+    o16 = gdn_decode(**d)
+    d["A_log"], d["dt_bias"], d["ssm"] = d["A_log"].float(), d["dt_bias"].float(), ssm0
+    o32 = gdn_decode(**d)
+    assert torch.equal(o16, o32)
 
 
 def test_bad_multi_input_raises(device):

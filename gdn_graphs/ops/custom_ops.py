@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["StepContext", "step_context", "get_step_context", "gdn_core"]
+__all__ = ["StepContext", "step_context", "get_step_context", "gdn_core", "run_gdn_core"]
 
 
 @dataclass
@@ -81,6 +81,42 @@ def _split_qkv(x: torch.Tensor, HK: int, K: int, HV: int, V: int):
     return q, k, v
 
 
+def run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_pool, ssm_pool, out,
+                 num_decodes, num_prefill_tokens, decode_read, decode_write, prefill, workspace=None):
+    """The body of ``gdn_core`` with the batch layout passed in: what an engine that owns its own
+    custom op (vLLM's ``qwen_gdn_attention_core``) calls from inside it.
+
+    Flat batch = [num_decodes rows of one token | num_prefill_tokens prefill tokens | padding].
+    Writes ``out`` [T, HV, V] (padding rows zeroed) and the pools' write/checkpoint slots; launches
+    kernels only (no sync), so it may run inside a CUDA-graph capture.
+    """
+    from gdn_graphs.ops.chunk import gdn_chunk_prefill
+    from gdn_graphs.ops.conv import conv_decode, conv_prefill
+    from gdn_graphs.ops.decode import gdn_decode
+
+    T = mixed_qkv.shape[0]
+    _, HV, V, K = ssm_pool.shape
+    HK = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    nd, tp = num_decodes, num_prefill_tokens
+    if nd + tp > T:
+        raise ValueError(f"gdn_core: step has {nd} decode + {tp} prefill tokens, batch holds {T}")
+    conv_out = torch.empty_like(mixed_qkv)
+    if nd:
+        rs, ws = decode_read[:nd], decode_write[:nd]
+        conv_decode(mixed_qkv[:nd], conv_weight, conv_bias, conv_pool, rs, ws, out=conv_out[:nd])
+        q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
+        gdn_decode(q, k, v, a[:nd], b[:nd], A_log, dt_bias, ssm_pool, rs, ws, out=out[:nd])
+    if tp:
+        sl = slice(nd, nd + tp)
+        conv_prefill(mixed_qkv[sl], conv_weight, conv_bias, conv_pool, prefill, out=conv_out[sl])
+        q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
+        gdn_chunk_prefill(q, k, v, a[sl], b[sl], A_log, dt_bias, ssm_pool, prefill,
+                          out=out[sl], workspace=workspace)
+    if nd + tp < T:
+        out[nd + tp:].zero_()
+    return out
+
+
 @torch.library.custom_op(
     "gdn_graphs::gdn_core",
     mutates_args=("conv_pool", "ssm_pool"),
@@ -110,32 +146,13 @@ def gdn_core(
         layer_idx:   index of the layer (only used for the debug record).
     Returns o [T, HV, V] in mixed_qkv's dtype; rows past the step's real tokens are zero.
     """
-    from gdn_graphs.ops.chunk import gdn_chunk_prefill
-    from gdn_graphs.ops.conv import conv_decode, conv_prefill
-    from gdn_graphs.ops.decode import gdn_decode
-
     ctx = get_step_context()
-    T = mixed_qkv.shape[0]
-    _, HV, V, K = ssm_pool.shape
-    HK = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    _, HV, V, _ = ssm_pool.shape
+    o = mixed_qkv.new_empty(mixed_qkv.shape[0], HV, V)
+    run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_pool, ssm_pool, o,
+                 ctx.num_decodes, ctx.num_prefill_tokens, ctx.decode_read, ctx.decode_write,
+                 ctx.prefill, ctx.workspace)
     nd, tp = ctx.num_decodes, ctx.num_prefill_tokens
-    if nd + tp > T:
-        raise ValueError(f"gdn_core: step has {nd} decode + {tp} prefill tokens, batch holds {T}")
-    conv_out = torch.empty_like(mixed_qkv)
-    o = mixed_qkv.new_empty(T, HV, V)
-    if nd:
-        rs, ws = ctx.decode_read[:nd], ctx.decode_write[:nd]
-        conv_decode(mixed_qkv[:nd], conv_weight, conv_bias, conv_pool, rs, ws, out=conv_out[:nd])
-        q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
-        gdn_decode(q, k, v, a[:nd], b[:nd], A_log, dt_bias, ssm_pool, rs, ws, out=o[:nd])
-    if tp:
-        sl = slice(nd, nd + tp)
-        conv_prefill(mixed_qkv[sl], conv_weight, conv_bias, conv_pool, ctx.prefill, out=conv_out[sl])
-        q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
-        gdn_chunk_prefill(q, k, v, a[sl], b[sl], A_log, dt_bias, ssm_pool, ctx.prefill,
-                          out=o[sl], workspace=ctx.workspace)
-    if nd + tp < T:
-        o[nd + tp:].zero_()
     if ctx.record is not None:
         ctx.record.setdefault(layer_idx, []).append(o[: nd + tp].detach().clone())
     return o

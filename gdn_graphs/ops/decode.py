@@ -218,8 +218,8 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out):
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != HV:
             _fail(f"{name} must be [{HV}], got {getattr(t, 'shape', type(t))}")
-        if t.dtype != torch.float32:
-            _fail(f"{name} must be float32, got {t.dtype}")
+        if t.dtype not in _INPUT_DTYPES:  # read as fp32 in the kernel (vLLM keeps dt_bias in bf16)
+            _fail(f"{name} must be a float tensor ({_INPUT_DTYPES}), got {t.dtype}")
         if HV > 1 and t.stride(0) != 1:
             _fail(f"{name} must be contiguous")
     if not isinstance(ssm, torch.Tensor) or ssm.dim() != 4:
@@ -286,7 +286,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
         v:           [N, HV, V], same dtype and layout rules; HV is a multiple of HK and value
                      head h uses key head h // (HV // HK).
         a, b:        [N, HV] gate inputs (any float dtype, row stride arbitrary).
-        A_log, dt_bias: [HV] float32. g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+        A_log, dt_bias: [HV] float (read as fp32). g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
         ssm:         [num_slots, HV, V, K] float32 / bfloat16 / float16 pool; inner dims contiguous,
                      slot stride may exceed HV*V*K. All math is fp32, cast on store. MUTATED: the
                      write slots.

@@ -1,0 +1,63 @@
+"""vLLM 0.26: registration and the config hook (light: imported in every vLLM process by the
+plugin entry point; the model/layer/builder module is imported only where vLLM builds the model).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+from gdn_graphs.constants import CHUNK
+from gdn_graphs.vllm import enabled
+
+logger = logging.getLogger("gdn_graphs.vllm")
+
+ARCHS = ("Qwen3NextForCausalLM",)
+MODEL_CLASS = "gdn_graphs.vllm._v026_layer:Qwen3NextAllForCausalLM"
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    for arch in ARCHS:
+        ModelRegistry.register_model(arch, MODEL_CLASS)
+        MODELS_CONFIG_MAP[arch] = GDNAllConfig
+
+
+class GDNAllConfig(VerifyAndUpdateConfig):
+    """``MODELS_CONFIG_MAP`` entry: runs before vLLM's MambaModelConfig picks the cache mode."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        cc = vllm_config.cache_config
+        if not enabled(vllm_config):
+            # our model class declares prefix-caching support; keep vLLM's own choice when off
+            if cc.enable_prefix_caching and cc.mamba_cache_mode in ("none", "all"):
+                cc.mamba_cache_mode = "align"
+            return
+        if vllm_config.speculative_config is not None:
+            raise ValueError("gdn_graphs does not support speculative decoding yet; turn the plugin "
+                             "off for this engine with additional_config={'gdn_graphs': False}")
+        if not cc.enable_prefix_caching:
+            return  # "none": one state per request, run by our kernels in place
+        if cc.mamba_cache_mode not in ("none", "all"):
+            raise ValueError(f"gdn_graphs keeps a state at every block boundary (mamba cache mode "
+                             f"'all'); got mamba_cache_mode={cc.mamba_cache_mode!r}. Drop it, or "
+                             f"turn the plugin off with additional_config={{'gdn_graphs': False}}")
+        cc.mamba_cache_mode = "all"
+        if cc.mamba_block_size is None:
+            # vLLM then uses lcm(64, attention block alignment) scaled to fit the state page
+            cc.mamba_block_size = CHUNK
+            cc.user_specified_mamba_block_size = True
+        elif cc.mamba_block_size % CHUNK:
+            raise ValueError(f"gdn_graphs needs mamba_block_size to be a multiple of {CHUNK}, got "
+                             f"{cc.mamba_block_size}")
+        unit = getattr(cc, "prefix_match_unit", None)
+        if unit not in (None, 0) and unit % CHUNK:
+            raise ValueError(f"prefix_match_unit={unit} would give cache hits between block "
+                             f"boundaries, where no state is stored")
+        logger.info("gdn_graphs: mamba cache mode 'all' (a GDN state at every block boundary)")
+
+

@@ -1,0 +1,209 @@
+"""vLLM 0.26: the model class, layer, backend and metadata builder (the config hook and the
+registration are in ``_v026``; docs/vllm_plan.md lists the vLLM source they rest on).
+
+Imported by vLLM's processes when they resolve the model class (the registry entry that
+``_v026.register`` makes points here), so importing it installs the layer swap too.
+
+What it changes, for Qwen3-Next only (``ARCHS``):
+* config: prefix caching on -> mamba cache mode "all" with a block size that is a multiple of 64
+  (``GDNAllConfig``); prefix caching off -> vLLM's "none" (one state per request), still run by
+  our kernels.
+* model class: the same model, declaring Mamba prefix caching, with vLLM's refusal of "all"
+  stepped around (``Qwen3NextAllForCausalLM``).
+* layer: ``GDNGraphsQwenGDN`` replaces ``QwenGatedDeltaNetAttention``'s core (conv + recurrence)
+  with gdn_graphs kernels that read/write vLLM's cache tensors in place, and names our backend.
+* metadata: ``GDNGraphsBuilder`` plans each step into persistent buffers (FULL decode graphs read
+  only those) and ``GDNGraphsMetadata`` carries them to the layers.
+Everything falls through to vLLM's own code when the plugin is switched off for an engine
+(``additional_config={"gdn_graphs": False}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+from vllm.v1.attention.backend import (AttentionCGSupport, AttentionMetadataBuilder,
+                                       CommonAttentionMetadata)
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
+from vllm.v1.kv_cache_interface import MambaSpec
+
+from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.vllm import enabled
+from gdn_graphs.vllm._v026 import ARCHS
+from gdn_graphs.vllm.slots import DeviceTablePlanner, plan_block_size
+
+logger = init_logger(__name__)
+
+def _active(vllm_config) -> bool:
+    """Our kernels run this engine's GDN layers: plugin on and a mode we implement."""
+    return (enabled(vllm_config) and vllm_config.model_config.architecture in ARCHS
+            and vllm_config.cache_config.mamba_cache_mode in ("all", "none"))
+
+
+# ----------------------------------------------------------------------------------------- model
+
+class Qwen3NextAllForCausalLM(Qwen3NextForCausalLM):
+    """Qwen3-Next with Mamba prefix caching at every block (gdn_graphs implements "all")."""
+
+    supports_mamba_prefix_caching: ClassVar = True
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        cc = vllm_config.cache_config
+        mode = cc.mamba_cache_mode
+        if mode == "all" and enabled(vllm_config):
+            cc.mamba_cache_mode = "align"  # only the parent's refusal reads it during __init__
+        try:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        finally:
+            cc.mamba_cache_mode = mode
+
+
+# -------------------------------------------------------------------------------------- metadata
+
+@dataclass
+class GDNGraphsMetadata:
+    num_decodes: int            # decode rows to launch (the bucket in a FULL-graph decode)
+    num_prefill_tokens: int
+    num_actual_tokens: int
+    decode_read: torch.Tensor   # persistent int32 views (the builder's planner)
+    decode_write: torch.Tensor
+    prefill: Any                # ChunkMeta of persistent views
+    # fields vLLM's generic code may look at on any GDN metadata
+    num_prefills: int = 0
+    num_decode_tokens: int = 0
+    num_spec_decodes: int = 0
+
+
+class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
+    """Owns the persistent slot buffers of one KV-cache group and fills them each step."""
+
+    _cudagraph_support: ClassVar = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    reorder_batch_threshold: int = 1
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        assert isinstance(kv_cache_spec, MambaSpec)
+        self._init_reorder_batch_threshold(1, False)
+        cc, sc = vllm_config.cache_config, vllm_config.scheduler_config
+        self.block_size = plan_block_size(kv_cache_spec.block_size, cc.mamba_cache_mode == "all")
+        # rows: a CUDA-graph bucket may pad a decode batch past max_num_seqs
+        self.max_reqs = max(sc.max_num_seqs,
+                            vllm_config.compilation_config.max_cudagraph_capture_size or 0)
+        self.max_tokens = sc.max_num_batched_tokens
+        self._planner: DeviceTablePlanner | None = None  # sized by the first block table it sees
+
+    def _planner_for(self, bt: torch.Tensor) -> DeviceTablePlanner:
+        p = self._planner
+        if p is None:
+            rows = max(self.max_reqs, bt.shape[0])
+            p = self._planner = DeviceTablePlanner(
+                rows, self.max_tokens, self.block_size, bt.stride(0) if bt.shape[0] > 1 else bt.shape[1],
+                bt.shape[1], null_block=NULL_BLOCK_ID, device=bt.device)
+        return p
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False, **_: Any) -> GDNGraphsMetadata:
+        m = common_attn_metadata
+        qsl = m.query_start_loc_cpu.numpy()
+        # seq_lens - query lens: exact without speculative decoding (which the config refuses),
+        # and right for vLLM's dummy batches too (its computed-token counts there are stale)
+        seq_lens = m._seq_lens_cpu if m._seq_lens_cpu is not None else m.seq_lens_cpu_upper_bound
+        n = seq_lens.numpy()[:len(qsl) - 1] - (qsl[1:] - qsl[:-1])
+        p = self._planner_for(m.block_table_tensor)
+        layout = p.plan(qsl, n, m.block_table_tensor, pad_decodes_to=m.num_reqs)
+        return self._metadata(layout.num_decodes, layout.num_prefill_tokens, m, layout.plan)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
+        md = self.build(0, common_attn_metadata)
+        self._planner.clear_decode_slots()  # the dummy batch must not touch any block
+        return md
+
+    def _metadata(self, nd, tp, m, plan) -> GDNGraphsMetadata:
+        p = self._planner
+        return GDNGraphsMetadata(num_decodes=nd, num_prefill_tokens=tp,
+                                 num_actual_tokens=m.num_actual_tokens,
+                                 decode_read=p.decode_read, decode_write=p.decode_write,
+                                 prefill=p.prefill, num_prefills=plan.num_prefills,
+                                 num_decode_tokens=nd)
+
+
+class GDNGraphsBackend(GDNAttentionBackend):
+    @staticmethod
+    def get_builder_cls():
+        return GDNGraphsBuilder
+
+
+# ----------------------------------------------------------------------------------------- layer
+
+_WORKSPACES: dict[tuple, ChunkWorkspace] = {}
+
+
+def _workspace(max_tokens, HV, K, V, HK, dtype, device) -> ChunkWorkspace:
+    """One chunk-kernel scratch per (shape, device), shared by every layer. Made during vLLM's
+    profile run, so the memory profiler counts it before the KV cache takes the rest."""
+    key = (max_tokens, HV, K, V, HK, dtype, str(device))
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        ws = _WORKSPACES[key] = ChunkWorkspace(max_tokens, HV, K, V, dtype, device, HK=HK)
+    return ws
+
+
+class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
+    """vLLM's Qwen GDN layer with its conv + recurrence run by gdn_graphs (projections, norm,
+    weight loading and vLLM's opaque custom op are vLLM's)."""
+
+    def __init__(self, config, vllm_config, *args, **kwargs):
+        super().__init__(config, vllm_config, *args, **kwargs)
+        self._gdn_graphs = _active(vllm_config) and self.activation in ("silu", "swish")
+        self._max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+
+    def get_attn_backend(self):
+        return GDNGraphsBackend if self._gdn_graphs else super().get_attn_backend()
+
+    def _ws(self, like: torch.Tensor) -> ChunkWorkspace:
+        tp = self.tp_size
+        return _workspace(self._max_tokens, self.num_v_heads // tp, self.head_k_dim,
+                          self.head_v_dim, self.num_k_heads // tp, like.dtype, like.device)
+
+    def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+        if not self._gdn_graphs:
+            return super()._forward_core(mixed_qkv, b, a, core_attn_out)
+        md = get_forward_context().attn_metadata
+        if md is None:  # vLLM's profile run: no cache yet; allocate what we keep
+            self._ws(mixed_qkv)
+            return
+        md = md[self.prefix]
+        conv, ssm = self.kv_cache[0], self.kv_cache[1]
+        if not is_conv_state_dim_first():
+            conv = conv.transpose(-1, -2)  # [blocks, conv_dim, W-1], a strided view: no copy
+        w = self.conv1d.weight
+        w = w.view(w.size(0), w.size(-1))
+        if a.stride(-1) != 1:
+            a = a.contiguous()
+        if b.stride(-1) != 1:
+            b = b.contiguous()
+        ws = self._ws(mixed_qkv) if md.num_prefill_tokens else None
+        run_gdn_core(mixed_qkv, a, b, w, self.conv1d.bias, self.A_log, self.dt_bias, conv, ssm,
+                     core_attn_out, md.num_decodes, md.num_prefill_tokens, md.decode_read,
+                     md.decode_write, md.prefill, ws)
+
+
+def install_layer() -> None:
+    """Swap vLLM's Qwen GDN layer for ours at instantiation (idempotent)."""
+    from vllm.model_executor.custom_op import op_registry_oot
+    if op_registry_oot.get("QwenGatedDeltaNetAttention") is not GDNGraphsQwenGDN:
+        op_registry_oot.pop("QwenGatedDeltaNetAttention", None)
+        QwenGatedDeltaNetAttention.register_oot(GDNGraphsQwenGDN)
+
+
+install_layer()

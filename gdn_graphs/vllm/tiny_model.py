@@ -1,0 +1,62 @@
+"""A tiny random Qwen3-Next checkpoint for tests and demos (no hub, no tokenizer).
+
+Layout (issue 5): hidden 256, 4 layers with the 4th full attention, linear-attention heads 4 key /
+8 value of dim 64, 4 experts, max_position_embeddings 32768. Prompts are passed as token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+__all__ = ["tiny_config", "make_tiny_qwen3_next"]
+
+
+def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+        shared_expert_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype=dtype,
+        architectures=["Qwen3NextForCausalLM"])
+
+
+def make_tiny_qwen3_next(path: str | Path, dtype: str = "bfloat16", seed: int = 0,
+                         weights: bool = True) -> Path:
+    """Write config.json (and random weights unless ``weights=False``) to ``path``."""
+    import torch
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = tiny_config(dtype)
+    if not weights:
+        cfg.save_pretrained(path)
+        return path
+    from transformers import Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(cfg).to(getattr(torch, dtype))
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "gdn_graphs_tiny.json").write_text(json.dumps({"seed": seed, "dtype": dtype}))
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("path")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config-only", action="store_true")
+    a = ap.parse_args(argv)
+    print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Summarise profiling/vllm_e2e.py results: reuse vs expected, token agreement, TTFT, decode speed.
+
+    python profiling/vllm_report.py DIR [--ref NAME] [--json OUT]
+
+Reads DIR/*.json (one per engine configuration; the file stem names it). Token agreement is
+checked against --ref (default: the first name in sorted order); where two configurations differ,
+the first differing position and the top-2 logprob margin there (in both) are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--ref")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    res = {p.stem: json.loads(p.read_text()) for p in sorted(Path(a.dir).glob("*.json"))
+           if p.stem != "summary"}
+    if not res:
+        print("no results")
+        return 1
+    ref = a.ref or sorted(res)[0]
+    summary = {"ref": ref, "configs": {}}
+    print(f"{'config':<22} {'mode':<6} {'B':>4} {'start s':>7}  reuse (got/expected)"
+          f"                         ttft cold/warm s  decode tok/s  tokens vs {ref}")
+    for name, r in res.items():
+        sc = r["scenarios"]
+        row = {"mode": r["mamba_cache_mode"], "block": r["block_size"], "start_s": r["engine_start_s"]}
+        reuse = []
+        if "repeat" in sc:
+            got = [x["num_cached_tokens"] for x in sc["repeat"]["runs"]]
+            row["repeat"] = {"got": got, "expected": sc["repeat"]["expected_reuse"]}
+            reuse.append(f"rep {got[1]},{got[2]}/{sc['repeat']['expected_reuse']}")
+        if "shared" in sc:
+            got = sc["shared"]["runs"][1]["num_cached_tokens"]
+            row["shared"] = {"got": got, "expected": sc["shared"]["expected_reuse"]}
+            reuse.append(f"shr {got}/{sc['shared']['expected_reuse']}")
+        if "system" in sc:
+            got = [x["num_cached_tokens"] for x in sc["system"]["runs"]]
+            row["system"] = {"got": got, "expected": sc["system"]["expected_reuse"]}
+            reuse.append(f"sys {got[1]},{got[2]}/{sc['system']['expected_reuse']}")
+        ttft = "-"
+        if "ttft" in sc:
+            c, w = sc["ttft"]["cold"], sc["ttft"]["warm"]
+            cv, wv = c["ttft_s"] or c["wall_s"], w["ttft_s"] or w["wall_s"]
+            row["ttft"] = {"cold_s": cv, "warm_s": wv, "warm_cached": w["num_cached_tokens"]}
+            ttft = f"{cv:.3f}/{wv:.3f}"
+        dec = sc.get("decode", {}).get("decode_tok_per_s")
+        row["decode_tok_per_s"] = dec
+        # token agreement with the reference configuration
+        diffs = []
+        for key in ("repeat", "shared", "system"):
+            if key not in sc or key not in res[ref]["scenarios"]:
+                continue
+            for i, (x, y) in enumerate(zip(sc[key]["runs"], res[ref]["scenarios"][key]["runs"])):
+                d = first_diff(x["tokens"], y["tokens"])
+                if d is not None:
+                    m1 = x["top2_margins"][d] if d < len(x["top2_margins"]) else None
+                    m2 = y["top2_margins"][d] if d < len(y["top2_margins"]) else None
+                    diffs.append({"scenario": key, "run": i, "pos": d, "margin": m1, "ref_margin": m2})
+            # and across the runs of one configuration (warm vs cold)
+            toks = [tuple(x["tokens"]) for x in sc[key]["runs"]]
+            if key == "repeat":
+                row["repeat_runs_identical"] = len(set(toks)) == 1
+        row["token_diffs_vs_ref"] = diffs
+        summary["configs"][name] = row
+        agree = "same" if not diffs else f"{len(diffs)} differ"
+        print(f"{name:<22} {row['mode']:<6} {row['block']:>4} {row['start_s']:>7}  "
+              f"{' '.join(reuse):<45} {ttft:>16}  {dec if dec else '-':>12}  {agree}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

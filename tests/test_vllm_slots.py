@@ -1,0 +1,147 @@
+"""DeviceTablePlanner (the vLLM builder's planning) against a brute-force oracle of DESIGN.md's block
+arithmetic, written from the formula: no vLLM needed."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gdn_graphs.constants import NO_SLOT
+from gdn_graphs.vllm.slots import DeviceTablePlanner, plan_block_size
+
+NULL = 0  # vLLM's null block id
+
+
+def oracle(n, q, table, B):
+    """(read, write, [checkpoint slots]) for one row, with the null block mapped to NO_SLOT."""
+    m = lambda x: NO_SLOT if x == NULL else int(x)  # noqa: E731
+    read = m(table[(n - 1) // B]) if n > 0 else NO_SLOT
+    write = m(table[(n + q - 1) // B])
+    ckpts = []
+    p = (n // B + 1) * B
+    while p < n + q:
+        s = m(table[p // B - 1])
+        ckpts.append(NO_SLOT if s == write else s)
+        p += B
+    return read, write, ckpts
+
+
+def run_case(rows, B, stride, width, max_reqs=8, max_tokens=4096, pad_to=None, seed=0,
+             device="cpu", p=None):
+    """rows: list of (n, q); q == 0 rows are padding (trailing)."""
+    rng = np.random.default_rng(seed)
+    R = max(len(rows), max_reqs)
+    # engine table: distinct block ids, some null entries before each row's read column
+    store = torch.zeros(R, stride, dtype=torch.int32)
+    ids = rng.permutation(np.arange(1, R * width + 1)).reshape(R, width)
+    store[:, :width] = torch.from_numpy(ids.astype(np.int32))
+    store[:, width:] = -7  # beyond the width: never read
+    for i, (n, q) in enumerate(rows):
+        lo = (n - 1) // B if n > 0 else 0
+        if lo > 0:
+            store[i, :lo] = NULL  # freed / never-held blocks before the read column
+    store = store.to(device)
+    bt = store[:max(len(rows), 1), :width]
+    if p is None:
+        p = DeviceTablePlanner(R, max_tokens, B, stride, width, device=device)
+    qsl = np.concatenate([[0], np.cumsum([q for _, q in rows])]).astype(np.int32)
+    ncomp = np.array([n for n, _ in rows], dtype=np.int32)
+    before = store.clone()
+    layout = p.plan(qsl, ncomp, bt, pad_decodes_to=pad_to)
+    assert torch.equal(store, before), "the engine's table is read, never written"
+    real = [(n, q) for n, q in rows if q > 0]
+    want = [oracle(n, q, store[i, :width].tolist(), B) for i, (n, q) in enumerate(real)]
+    if device != "cpu":
+        torch.cuda.synchronize()
+    nd = 0
+    while nd < len(real) and real[nd][1] == 1:
+        nd += 1
+    dr, dw = p.decode_read.tolist(), p.decode_write.tolist()
+    assert dr[:nd] == [w[0] for w in want[:nd]]
+    assert dw[:nd] == [w[1] for w in want[:nd]]
+    assert set(dr[nd:]) <= {NO_SLOT} and set(dw[nd:]) <= {NO_SLOT}
+    pre = want[nd:]
+    meta = p.prefill
+    assert meta.read_slot.tolist()[:len(pre)] == [w[0] for w in pre]
+    assert meta.write_slot.tolist()[:len(pre)] == [w[1] for w in pre]
+    assert set(meta.read_slot.tolist()[len(pre):]) <= {NO_SLOT}
+    offs, ck = meta.ckpt_offsets.tolist(), meta.ckpt_slots.tolist()
+    for j, w in enumerate(pre):
+        assert ck[offs[j]:offs[j + 1]] == w[2]
+    assert set(ck[offs[len(pre)]:]) <= {NO_SLOT}
+    assert meta.start_pos.tolist()[:len(pre)] == [n for n, _ in real[nd:]]
+    pure = len(real) == nd
+    assert layout.num_decodes == (pad_to if (pad_to is not None and pure) else nd)
+    assert layout.num_prefill_tokens == sum(q for _, q in real[nd:])
+    return p
+
+
+@pytest.mark.parametrize("B", [64, 192])
+def test_boundaries_decode_and_prefill(B):
+    rows = [(B - 1, 1), (B, 1), (B + 1, 1), (0, 1),                 # decodes: in place / crossing
+            (0, 3 * B + 5), (B, 2 * B), (B // 2, B), (2 * B + 7, 1)]  # prefills; a late q == 1 row
+    run_case(rows, B, stride=40, width=32)
+
+
+def test_padding_rows_and_decode_bucket():
+    p = run_case([(5, 1), (64, 1), (0, 0), (0, 0)], 64, stride=16, width=16, pad_to=4)
+    assert p.decode_read.tolist()[2:4] == [NO_SLOT, NO_SLOT]
+
+
+def test_pad_is_ignored_for_mixed_steps():
+    run_case([(5, 1), (0, 100)], 64, stride=16, width=16, pad_to=8)
+
+
+def test_prefix_caching_off_uses_column_zero():
+    """vLLM without prefix caching: one block of max_model_len tokens -> every step in place."""
+    B = plan_block_size(32768, prefix_caching=False)
+    assert B % 64 == 0 and B >= 32768
+    p = run_case([(100, 1), (0, 700), (3000, 64)], B, stride=1, width=1)
+    assert p.prefill.ckpt_offsets.tolist()[:3] == [0, 0, 0]
+
+
+def test_block_size_must_be_chunk_multiple():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        plan_block_size(144, prefix_caching=True)
+
+
+def test_bad_input_leaves_previous_plan():
+    p = run_case([(64, 1)], 64, stride=8, width=8)
+    snap = p.planner.flat.clone()
+    bt = torch.arange(1, 9, dtype=torch.int32)[None]
+    with pytest.raises(ValueError, match="needs block"):
+        p.plan(np.array([0, 600]), np.array([0]), bt)          # past the table's width
+    with pytest.raises(ValueError, match="come after"):
+        p.plan(np.array([0, 0, 3]), np.array([0, 0]), torch.ones(2, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="does not match"):
+        p.plan(np.array([0, 1]), np.array([0]), torch.ones(1, 9, dtype=torch.int32))
+    assert torch.equal(p.planner.flat, snap)
+
+
+def test_capture_clears_decode_slots():
+    p = run_case([(64, 1), (3, 1)], 64, stride=8, width=8)
+    p.clear_decode_slots()
+    assert set(p.decode_read.tolist()) == {NO_SLOT} and set(p.decode_write.tolist()) == {NO_SLOT}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 700), st.integers(1, 300)), min_size=1, max_size=6),
+       st.sampled_from([64, 128, 192]), st.integers(0, 3), st.integers(0, 2 ** 16))
+def test_random_batches_match_oracle(rows, B, pad_rows, seed):
+    rows = sorted(rows, key=lambda r: r[1] != 1)  # vLLM puts decodes first
+    width = max((n + q - 1) // B + 1 for n, q in rows) + 1
+    run_case(rows + [(0, 0)] * pad_rows, B, stride=width + 3, width=width, seed=seed)
+
+
+@pytest.mark.gpu
+def test_gpu_plans_in_stream_order(gpu):
+    """On CUDA the placeholder plan is a non_blocking copy and the rewrite runs after it on the
+    same stream: two plans back to back, each checked, the second over the first's buffers."""
+    for B in (64, 192):
+        p = run_case([(B, 1), (7, 1), (0, 3 * B + 1), (B + 3, 2 * B)], B, stride=24, width=20,
+                     device="cuda", seed=B)
+        run_case([(2 * B, 1), (1, 2 * B + 5)], B, stride=24, width=20, device="cuda", p=p,
+                 seed=B + 1)
+        run_case([(0, 0)], B, stride=24, width=20, device="cuda", p=p)  # an empty step
+        assert p.planner.flat.device.type == "cuda"

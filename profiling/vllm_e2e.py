@@ -44,6 +44,8 @@ def main(argv=None):
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--max-batched", type=int, default=8192)
     ap.add_argument("--gpu-mem", type=float, default=0.15)
+    ap.add_argument("--kv-cache-gib", type=float, default=None,
+                    help="fixed KV-cache size (skips vLLM's memory profiling: engines side by side)")
     ap.add_argument("--prefix-len", type=int, default=24000)
     ap.add_argument("--shared-len", type=int, default=19700)
     ap.add_argument("--system-len", type=int, default=3000)
@@ -56,6 +58,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
 
+    import importlib.metadata
+
+    eps = [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")]
+    print("vllm.general_plugins:", eps, flush=True)
+    if a.plugin == "on" and "gdn_graphs.vllm:register" not in eps:
+        raise SystemExit("gdn_graphs is not installed as a vLLM plugin (pip install -e . first)")
     from vllm import LLM, SamplingParams
 
     extra = {"gdn_prefill_backend": "triton", "gdn_graphs": a.plugin == "on"}
@@ -66,6 +74,7 @@ def main(argv=None):
               max_num_seqs=64, gpu_memory_utilization=a.gpu_mem, skip_tokenizer_init=True,
               attention_backend="TRITON_ATTN", additional_config=extra, seed=0,
               disable_log_stats=False,
+              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) if a.kv_cache_gib else None,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]})
     start_s = time.perf_counter() - t0
     vcfg = llm.llm_engine.vllm_config
@@ -77,6 +86,8 @@ def main(argv=None):
            "mamba_block_size": cc.mamba_block_size, "mamba_cache_mode": cc.mamba_cache_mode,
            "cudagraph_mode": str(vcfg.compilation_config.cudagraph_mode), "scenarios": {}}
     print(f"engine up in {start_s:.0f} s: mode {cc.mamba_cache_mode}, block {B}", flush=True)
+    if a.plugin == "on" and a.prefix_caching == "on" and cc.mamba_cache_mode != "all":
+        raise SystemExit(f"the plugin did not take effect: mamba cache mode {cc.mamba_cache_mode}")
 
     def greedy(n):
         return SamplingParams(temperature=0.0, max_tokens=n, logprobs=2, ignore_eos=True,

@@ -32,11 +32,15 @@ def main(argv=None):
     if not res:
         print("no results")
         return 1
-    ref = a.ref or sorted(res)[0]
-    summary = {"ref": ref, "configs": {}}
+    # token agreement only means something within one model dtype: names start with it
+    refs = {}
+    for name in sorted(res):
+        refs.setdefault(name.split("_")[0], a.ref if a.ref in res else name)
+    summary = {"refs": refs, "configs": {}}
     print(f"{'config':<22} {'mode':<6} {'B':>4} {'start s':>7}  reuse (got/expected)"
-          f"                         ttft cold/warm s  decode tok/s  tokens vs {ref}")
+          f"                         ttft cold/warm s  decode tok/s  tokens vs ref")
     for name, r in res.items():
+        ref = refs[name.split("_")[0]]
         sc = r["scenarios"]
         row = {"mode": r["mamba_cache_mode"], "block": r["block_size"], "start_s": r["engine_start_s"]}
         reuse = []
@@ -77,7 +81,7 @@ def main(argv=None):
                 row["repeat_runs_identical"] = len(set(toks)) == 1
         row["token_diffs_vs_ref"] = diffs
         summary["configs"][name] = row
-        agree = "same" if not diffs else f"{len(diffs)} differ"
+        agree = ("same" if not diffs else f"{len(diffs)} differ") + f" ({ref})"
         print(f"{name:<22} {row['mode']:<6} {row['block']:>4} {row['start_s']:>7}  "
               f"{' '.join(reuse):<45} {ttft:>16}  {dec if dec else '-':>12}  {agree}")
     if a.json:

@@ -13,31 +13,47 @@ D=$OUT/vllm_$target
 mkdir -p "$D"
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 # the plugin is found through its entry point, so the package must be installed (no network: no deps)
-pip install -q --no-deps --no-build-isolation -e . > "$D/pip.log" 2>&1 || cat "$D/pip.log"
-MODEL=/tmp/tiny_qwen3_next_fp32
-[ -d $MODEL ] || python3 -m gdn_graphs.vllm.tiny_model $MODEL --dtype float32 > /dev/null
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$D/pip.log" 2>&1 || cat "$D/pip.log"
+has_ep() { python3 -c "import importlib.metadata as m, sys; eps=[e.value for e in m.entry_points(group='vllm.general_plugins')]; print('plugins:', eps); sys.exit('gdn_graphs.vllm:register' not in eps)"; }
+if ! has_ep; then
+  # seen once: the editable install's metadata was not found through PYTHONPATH. Describe it,
+  # then put the distribution's metadata first on the path (what an install writes).
+  python3 -m pip show -f gdn-graphs 2>&1 | head -20; python3 -c "import sys; print(sys.path)"
+  di=/tmp/site/gdn_graphs-0.1.0.dist-info; mkdir -p $di
+  printf 'Metadata-Version: 2.1\nName: gdn-graphs\nVersion: 0.1.0\n' > $di/METADATA
+  printf '[vllm.general_plugins]\ngdn_graphs = gdn_graphs.vllm:register\n' > $di/entry_points.txt
+  has_ep || echo "the plugin entry point is still not visible"
+fi
+M32=/tmp/tiny_qwen3_next_fp32 M16=/tmp/tiny_qwen3_next_bf16
+[ -d $M32 ] || python3 -m gdn_graphs.vllm.tiny_model $M32 --dtype float32 > /dev/null 2>&1
+[ -d $M16 ] || python3 -m gdn_graphs.vllm.tiny_model $M16 --dtype bfloat16 > /dev/null 2>&1
 T=${E2E_TIMEOUT:-480}
 
-e2e() {  # e2e NAME args...
-  local name=$1; shift
-  timeout "$T" python3 profiling/vllm_e2e.py --model $MODEL --out "$D/$name.json" "$@" \
+e2e() {  # e2e NAME MODEL args...
+  local name=$1 model=$2; shift 2
+  timeout "$T" python3 profiling/vllm_e2e.py --model "$model" --out "$D/$name.json" "$@" \
     > "$D/$name.log" 2>&1
   echo "$name: rc $? ($(grep -c 'Capturing CUDA graphs' "$D/$name.log") capture lines)"
 }
 
 case $target in
   correctness)
-    e2e plugin_pc_graphs  --plugin on  --prefix-caching on  --graphs on  &
-    e2e plugin_pc_eager   --plugin on  --prefix-caching on  --graphs off &
-    e2e plugin_nopc_graphs --plugin on --prefix-caching off --graphs on  &
-    e2e plugin_nopc_eager --plugin on  --prefix-caching off --graphs off &
-    e2e vllm_pc_graphs    --plugin off --prefix-caching on  --graphs on  &
+    # fp32: the plugin in four configurations (vLLM 0.26's own GDN prefill refuses fp32);
+    # bf16: the plugin next to vLLM's own "align" mode. Engines side by side: fixed KV memory.
+    kv="--kv-cache-gib 6"
+    e2e fp32_plugin_pc_graphs   $M32 --dtype float32 --plugin on --prefix-caching on  --graphs on  $kv &
+    e2e fp32_plugin_pc_eager    $M32 --dtype float32 --plugin on --prefix-caching on  --graphs off $kv &
+    e2e fp32_plugin_nopc_graphs $M32 --dtype float32 --plugin on --prefix-caching off --graphs on  $kv &
+    e2e fp32_plugin_nopc_eager  $M32 --dtype float32 --plugin on --prefix-caching off --graphs off $kv &
+    e2e bf16_plugin_pc_graphs   $M16 --dtype bfloat16 --plugin on  --prefix-caching on --graphs on $kv &
+    e2e bf16_vllm_pc_graphs     $M16 --dtype bfloat16 --plugin off --prefix-caching on --graphs on $kv &
     wait ;;
   speed)
-    e2e speed_plugin --plugin on  --prefix-caching on --graphs on --gpu-mem 0.5 \
-        --scenarios ttft,decode --decode-batch 64 --decode-tokens 512
-    e2e speed_vllm   --plugin off --prefix-caching on --graphs on --gpu-mem 0.5 \
-        --scenarios ttft,decode --decode-batch 64 --decode-tokens 512 ;;
+    for who in plugin vllm; do
+      p=on; [ $who = vllm ] && p=off
+      e2e speed_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+          --kv-cache-gib 20 --scenarios ttft,decode --decode-batch 64 --decode-tokens 512
+    done ;;
 esac
 for f in "$D"/*.log; do
   echo "== $(basename "$f"): $(grep -m3 -E 'gdn_graphs|Traceback|Error' "$f" | cut -c1-200 | tr '\n' '|')"

@@ -30,7 +30,7 @@ def test_unsupported_version_registers_nothing(monkeypatch, caplog):
     fake.__version__ = "0.25.1"
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(plugin, "_registered", False)
-    with caplog.at_level("ERROR", logger="gdn_graphs.vllm"):
+    with caplog.at_level("ERROR", logger="vllm.gdn_graphs"):
         assert plugin.register() is False
     assert "0.25.1 is not supported" in caplog.text and "0.26.x" in caplog.text
     assert plugin._registered is False

@@ -11,7 +11,7 @@ from vllm.model_executor.models.config import VerifyAndUpdateConfig
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.vllm import enabled
 
-logger = logging.getLogger("gdn_graphs.vllm")
+logger = logging.getLogger("vllm.gdn_graphs")
 
 ARCHS = ("Qwen3NextForCausalLM",)
 MODEL_CLASS = "gdn_graphs.vllm._v026_layer:Qwen3NextAllForCausalLM"

@@ -42,7 +42,7 @@ from gdn_graphs.vllm import enabled
 from gdn_graphs.vllm._v026 import ARCHS
 from gdn_graphs.vllm.slots import DeviceTablePlanner, plan_block_size
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.gdn_graphs")
 
 def _active(vllm_config) -> bool:
     """Our kernels run this engine's GDN layers: plugin on and a mode we implement."""

@@ -66,6 +66,13 @@ class Qwen3NextAllForCausalLM(Qwen3NextForCausalLM):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         finally:
             cc.mamba_cache_mode = mode
+        # The layers were built while the mode read "align": switch them on now that it is back.
+        on = _active(vllm_config)
+        layers = [m for m in self.modules() if isinstance(m, GDNGraphsQwenGDN)]
+        for m in layers:
+            m._gdn_graphs = on and m.activation in ("silu", "swish")
+        logger.info("gdn_graphs: %d of %d GDN layers run on gdn_graphs kernels (mamba cache mode "
+                    "%r)", sum(m._gdn_graphs for m in layers), len(layers), mode)
 
 
 # -------------------------------------------------------------------------------------- metadata
@@ -164,7 +171,7 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
 
     def __init__(self, config, vllm_config, *args, **kwargs):
         super().__init__(config, vllm_config, *args, **kwargs)
-        self._gdn_graphs = _active(vllm_config) and self.activation in ("silu", "swish")
+        self._gdn_graphs = False  # set by the model class once the cache mode is known
         self._max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
 
     def get_attn_backend(self):

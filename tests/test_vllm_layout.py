@@ -1,0 +1,74 @@
+"""The GDN core on vLLM's cache layout, no vLLM needed.
+
+vLLM 0.26 keeps one page per block holding a layer's conv window then its GDN state, and hands the
+layer two strided views of it (``torch.as_strided`` over one raw buffer): conv ``[blocks, W-1, C]``
+(transposed by the layer to ``[blocks, C, W-1]``) and ssm ``[blocks, HV, V, K]``, both with the page
+as block stride. The plugin runs our kernels on those views without copies; this checks that a
+mixed step (decodes across and inside a block, a warm prefill with checkpoints) gives the same
+outputs and states as on contiguous pools, and that no other page changes.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.vllm.slots import DeviceTablePlanner
+
+HK, HV, K, V, W = 1, 2, 16, 16, 4
+C = 2 * HK * K + HV * V
+
+
+def vllm_pages(num_blocks, dtype, state_dtype, pad_bytes=96):
+    """conv [nb, C, W-1] and ssm [nb, HV, V, K] views into one byte buffer, as vLLM lays them."""
+    conv_bytes = (W - 1) * C * torch.finfo(dtype).bits // 8
+    ssm_bytes = HV * V * K * torch.finfo(state_dtype).bits // 8
+    page = conv_bytes + ssm_bytes + pad_bytes  # padded to the attention page, like vLLM does
+    raw = torch.zeros(num_blocks * page, dtype=torch.uint8)
+    conv = torch.as_strided(raw.view(dtype), (num_blocks, W - 1, C),
+                            (page // (torch.finfo(dtype).bits // 8), C, 1))
+    es = torch.finfo(state_dtype).bits // 8
+    ssm = torch.as_strided(raw.view(state_dtype), (num_blocks, HV, V, K),
+                           (page // es, V * K, K, 1), conv_bytes // es)
+    return raw, conv.transpose(-1, -2), ssm
+
+
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16)])
+def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype):
+    torch.manual_seed(0)
+    B, nb = 64, 24
+    raw, conv_v, ssm_v = vllm_pages(nb, dtype, state_dtype)
+    conv_v.copy_(torch.randn(conv_v.shape).to(dtype))
+    ssm_v.copy_(torch.randn(ssm_v.shape).to(state_dtype) * 0.1)
+    conv_c, ssm_c = conv_v.contiguous(), ssm_v.contiguous()
+    before = raw.clone()
+
+    table = torch.arange(1, 1 + 4 * 5, dtype=torch.int32).view(4, 5)  # block 0 is vLLM's null
+    n, q = [B, 5, B + 10], [1, 1, 2 * B + 7]  # decode across, decode inside, warm prefill
+    qsl = np.concatenate([[0], np.cumsum(q)])
+    p = DeviceTablePlanner(4, 512, B, table.stride(0), table.shape[1])
+    lay = p.plan(qsl, np.array(n), table[:3])
+    T = int(qsl[-1]) + 3  # three padding tokens
+    x = torch.randn(T, C).to(dtype)
+    a, b = torch.randn(T, HV).to(dtype), torch.randn(T, HV).to(dtype)
+    w = torch.randn(C, W).to(dtype) * 0.5
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)  # vLLM: dt_bias in model dtype
+    outs = []
+    for conv, ssm in ((conv_v, ssm_v), (conv_c, ssm_c)):
+        o = torch.zeros(T, HV, V, dtype=dtype)
+        run_gdn_core(x, a, b, w, None, A_log, dt_bias, conv, ssm, o, lay.num_decodes,
+                     lay.num_prefill_tokens, p.decode_read, p.decode_write, p.prefill)
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0][-3:], torch.zeros_like(outs[0][-3:]))
+    assert torch.equal(conv_v, conv_c) and torch.equal(ssm_v, ssm_c)
+    # exactly the blocks the step writes changed: decode writes, prefill checkpoints + write
+    written = {p.decode_write[0].item(), p.decode_write[1].item(), *p.prefill.ckpt_slots.tolist(),
+               p.prefill.write_slot[0].item()} - {-1}
+    assert written == {table[0, 1].item(), table[1, 0].item(), table[2, 1].item(),
+                       table[2, 2].item(), table[2, 3].item()}
+    page = raw.numel() // nb
+    changed = {i for i in range(nb) if not torch.equal(raw[i * page:(i + 1) * page],
+                                                       before[i * page:(i + 1) * page])}
+    assert changed == written

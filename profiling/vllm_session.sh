@@ -56,7 +56,7 @@ case $target in
     done ;;
 esac
 for f in "$D"/*.log; do
-  echo "== $(basename "$f"): $(grep -m3 -E 'gdn_graphs|Traceback|Error' "$f" | cut -c1-200 | tr '\n' '|')"
+  echo "== $(basename "$f"): $(grep -m2 -E 'GDN layers run on|Traceback|Error:' "$f" | cut -c1-160 | tr '\n' '|')"
   grep -E "Capturing CUDA graphs|cudagraph_mode|CUDAGraphMode" "$f" | head -3 | cut -c1-200
 done
 python3 profiling/vllm_report.py "$D" --json "$D/summary.json"

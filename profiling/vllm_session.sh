@@ -48,10 +48,11 @@ case $target in
     e2e bf16_plugin_pc_graphs   $M16 --dtype bfloat16 --plugin on  --prefix-caching on --graphs on $kv &
     e2e bf16_vllm_pc_graphs     $M16 --dtype bfloat16 --plugin off --prefix-caching on --graphs on $kv &
     wait ;;
-  speed)
+  speed|speed_nopc)  # prefix caching on (plugin "all" vs vLLM "align") or off (both "none")
+    pc=on; [ $target = speed_nopc ] && pc=off
     for who in plugin vllm; do
       p=on; [ $who = vllm ] && p=off
-      e2e speed_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+      e2e ${target}_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching $pc --graphs on \
           --kv-cache-gib 20 --scenarios ttft,decode --decode-batch 64 --decode-tokens 512
     done ;;
 esac

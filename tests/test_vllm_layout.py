@@ -72,3 +72,15 @@ def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype):
     changed = {i for i in range(nb) if not torch.equal(raw[i * page:(i + 1) * page],
                                                        before[i * page:(i + 1) * page])}
     assert changed == written
+
+
+def test_warm_up_launches_once_and_touches_no_slot():
+    from gdn_graphs.vllm import warmup
+
+    w = torch.randn(C, W)
+    args = (HK, HV, K, V, w, torch.rand(HV), torch.randn(HV), torch.float32, torch.float32)
+    warmup._DONE.clear()
+    assert warmup.warm_up_kernels(*args) is True
+    assert warmup.warm_up_kernels(*args) is False  # once per shapes/dtypes/device
+    with pytest.raises(ValueError, match="channels"):
+        warmup.warm_up_kernels(HK, HV, K, V + 1, w, *args[5:])

@@ -127,7 +127,10 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
 
-@triton.jit
+# T (tokens in the step) only bounds the padding loop and masks: not specializing on it spares a
+# recompile whenever a step's token count changes class (1 / multiple of 16 / other), which cost
+# ~1.5 s on the first warm prefix-cache hit in vLLM (profiling/results/2026-11-29/VLLM.md).
+@triton.jit(do_not_specialize=["T"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,

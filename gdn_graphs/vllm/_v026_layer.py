@@ -41,6 +41,7 @@ from gdn_graphs.ops.custom_ops import run_gdn_core
 from gdn_graphs.vllm import enabled
 from gdn_graphs.vllm._v026 import ARCHS
 from gdn_graphs.vllm.slots import DeviceTablePlanner, plan_block_size
+from gdn_graphs.vllm.warmup import warm_up_kernels
 
 logger = init_logger("vllm.gdn_graphs")
 
@@ -182,12 +183,23 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
         return _workspace(self._max_tokens, self.num_v_heads // tp, self.head_k_dim,
                           self.head_v_dim, self.num_k_heads // tp, like.dtype, like.device)
 
+    def _warm_up(self, like: torch.Tensor) -> None:
+        ws = self._ws(like)
+        w = self.conv1d.weight
+        tp = self.tp_size
+        try:
+            warm_up_kernels(self.num_k_heads // tp, self.num_v_heads // tp, self.head_k_dim,
+                            self.head_v_dim, w.view(w.size(0), w.size(-1)), self.A_log,
+                            self.dt_bias, like.dtype, self.get_state_dtype()[1], ws)
+        except Exception:  # the first request then compiles them; never fail the engine here
+            logger.warning("gdn_graphs: kernel warm-up failed", exc_info=True)
+
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
         if not self._gdn_graphs:
             return super()._forward_core(mixed_qkv, b, a, core_attn_out)
         md = get_forward_context().attn_metadata
-        if md is None:  # vLLM's profile run: no cache yet; allocate what we keep
-            self._ws(mixed_qkv)
+        if md is None:  # vLLM's profile run: no cache yet; allocate what we keep, compile kernels
+            self._warm_up(mixed_qkv)
             return
         md = md[self.prefix]
         conv, ssm = self.kv_cache[0], self.kv_cache[1]

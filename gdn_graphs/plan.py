@@ -129,7 +129,7 @@ class GDNPlanner:
         S = limits.max_seqs
         # Every slot-valued buffer first, so flat[:slot_end] holds all the slots of a step and
         # nothing else (an engine whose block ids live only on the device plans on placeholder
-        # slots and rewrites that one span in place: gdn_graphs.vllm.slots).
+        # slots and gathers real ones through that one span: gdn_graphs.vllm.slots).
         sizes = {"decode_read": S, "decode_write": S, "read_slot": S, "write_slot": S,
                  "ckpt_slots": limits.max_ckpts, "cu_seqlens": S + 1, "start_pos": S,
                  "ckpt_offsets": S + 1, "chunk_seq": limits.max_chunks,
@@ -170,6 +170,11 @@ class GDNPlanner:
         self.last_plan: StepPlan = self.plan([], [], [])
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def spans(self) -> dict[str, tuple[int, int]]:
+        """(offset, length) of each buffer inside ``flat``."""
+        return dict(self._spans)
 
     def buffers(self) -> list[torch.Tensor]:
         """Every persistent tensor a captured graph may read (for GraphManager's data_ptr guard)."""

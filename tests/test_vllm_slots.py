@@ -145,3 +145,28 @@ def test_gpu_plans_in_stream_order(gpu):
                  seed=B + 1)
         run_case([(0, 0)], B, stride=24, width=20, device="cuda", p=p)  # an empty step
         assert p.planner.flat.device.type == "cuda"
+
+
+def test_groups_share_one_plan_and_keep_their_own_slots():
+    """Two KV-cache groups of one step (two block tables): one host plan, two slot sets, each
+    with its own table's ids; the placeholder plan is left for the next group."""
+    B = 64
+    p = DeviceTablePlanner(4, 1024, B, 8, 8)
+    g1, g2 = p.new_slots(), p.new_slots()
+    t1 = torch.arange(1, 33, dtype=torch.int32).view(4, 8)
+    t2 = t1 + 100
+    qsl, n = np.array([0, 1, 1 + 2 * B]), np.array([B, 10])
+    l1 = p.plan(qsl, n, t1[:2], slots=g1)
+    plans = p.planner.last_plan
+    l2 = p.plan(qsl, n, t2[:2], slots=g2)
+    assert l2 is l1 and p.planner.last_plan is plans  # planned once
+    assert g1.decode_read[0].item() == t1[0, 0].item() and g2.decode_read[0].item() == t2[0, 0].item()
+    assert g1.decode_write[0].item() == t1[0, 1].item() and g2.decode_write[0].item() == t2[0, 1].item()
+    assert g1.prefill.ckpt_slots[0].item() == t1[1, 0].item()
+    assert g2.prefill.ckpt_slots[0].item() == t2[1, 0].item()
+    assert g1.prefill.cu_seqlens is g2.prefill.cu_seqlens  # token layout shared
+    # a new step re-plans; a failed plan leaves no stale cache behind
+    with pytest.raises(ValueError):
+        p.plan(np.array([0, 5000]), np.array([0]), t1[:1], slots=g1)
+    p.plan(qsl, n, t1[:2], slots=g1)
+    assert p.planner.last_plan is not plans

@@ -108,16 +108,22 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
         self.max_reqs = max(sc.max_num_seqs,
                             vllm_config.compilation_config.max_cudagraph_capture_size or 0)
         self.max_tokens = sc.max_num_batched_tokens
-        self._planner: DeviceTablePlanner | None = None  # sized by the first block table it sees
+        self._planner = self._slots = None  # sized by the first block table this builder sees
 
-    def _planner_for(self, bt: torch.Tensor) -> DeviceTablePlanner:
-        p = self._planner
-        if p is None:
-            rows = max(self.max_reqs, bt.shape[0])
-            p = self._planner = DeviceTablePlanner(
-                rows, self.max_tokens, self.block_size, bt.stride(0) if bt.shape[0] > 1 else bt.shape[1],
-                bt.shape[1], null_block=NULL_BLOCK_ID, device=bt.device)
-        return p
+    def _slots_for(self, bt: torch.Tensor):
+        """This group's slot buffers, on the planner shared by every GDN group of the engine (the
+        groups' tables have one shape, so one host plan per step serves them all)."""
+        if self._slots is None:
+            stride = bt.stride(0) if bt.shape[0] > 1 else bt.shape[1]
+            key = (max(self.max_reqs, bt.shape[0]), self.max_tokens, self.block_size, stride,
+                   bt.shape[1], str(bt.device))
+            planner = _PLANNERS.get(key)
+            if planner is None:
+                planner = _PLANNERS[key] = DeviceTablePlanner(
+                    key[0], self.max_tokens, self.block_size, stride, bt.shape[1],
+                    null_block=NULL_BLOCK_ID, device=bt.device)
+            self._planner, self._slots = planner, planner.new_slots()
+        return self._planner, self._slots
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False, **_: Any) -> GDNGraphsMetadata:
@@ -127,22 +133,23 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
         # and right for vLLM's dummy batches too (its computed-token counts there are stale)
         seq_lens = m._seq_lens_cpu if m._seq_lens_cpu is not None else m.seq_lens_cpu_upper_bound
         n = seq_lens.numpy()[:len(qsl) - 1] - (qsl[1:] - qsl[:-1])
-        p = self._planner_for(m.block_table_tensor)
-        layout = p.plan(qsl, n, m.block_table_tensor, pad_decodes_to=m.num_reqs)
-        return self._metadata(layout.num_decodes, layout.num_prefill_tokens, m, layout.plan)
+        planner, slots = self._slots_for(m.block_table_tensor)
+        layout = planner.plan(qsl, n, m.block_table_tensor, pad_decodes_to=m.num_reqs, slots=slots)
+        return GDNGraphsMetadata(num_decodes=layout.num_decodes,
+                                 num_prefill_tokens=layout.num_prefill_tokens,
+                                 num_actual_tokens=m.num_actual_tokens,
+                                 decode_read=slots.decode_read, decode_write=slots.decode_write,
+                                 prefill=slots.prefill, num_prefills=layout.plan.num_prefills,
+                                 num_decode_tokens=layout.num_decodes)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         md = self.build(0, common_attn_metadata)
-        self._planner.clear_decode_slots()  # the dummy batch must not touch any block
+        self._slots.clear_decode_slots()  # the dummy batch must not touch any block
         return md
 
-    def _metadata(self, nd, tp, m, plan) -> GDNGraphsMetadata:
-        p = self._planner
-        return GDNGraphsMetadata(num_decodes=nd, num_prefill_tokens=tp,
-                                 num_actual_tokens=m.num_actual_tokens,
-                                 decode_read=p.decode_read, decode_write=p.decode_write,
-                                 prefill=p.prefill, num_prefills=plan.num_prefills,
-                                 num_decode_tokens=nd)
+
+# one placeholder planner per table shape and device, shared by the GDN groups' builders
+_PLANNERS: dict[tuple, DeviceTablePlanner] = {}
 
 
 class GDNGraphsBackend(GDNAttentionBackend):

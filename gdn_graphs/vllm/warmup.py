@@ -46,7 +46,7 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     run_gdn_core(x, ab, ab, conv_weight, None, A_log, dt_bias, conv, ssm, out, layout.num_decodes,
                  layout.num_prefill_tokens, planner.decode_read, planner.decode_write,
                  planner.prefill, workspace)
-    if int((planner.planner.flat[:planner.planner.slot_end] >= 0).sum()) != 0:
+    if int((planner.slots.flat >= 0).sum()) != 0:
         raise AssertionError("warm-up step addressed a pool slot")  # cannot happen: all null
     _DONE.add(key)
     return True

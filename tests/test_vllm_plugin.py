@@ -179,3 +179,47 @@ def test_builder_plans_from_vllm_metadata(vllm_cpu):
         max_query_len=1, num_actual_tokens=4))
     assert cap.num_decodes == 4 and set(cap.decode_read.tolist()) == {NO_SLOT}
     assert set(cap.decode_write.tolist()) == {NO_SLOT}
+
+
+@pytest.fixture(scope="module")
+def vllm_dist(vllm_cpu):
+    """vLLM's process groups for one CPU rank (layers read the tensor-parallel size)."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if not model_parallel_is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with set_current_vllm_config(_engine_config(vllm_cpu)):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            initialize_model_parallel(1, 1)
+    return vllm_cpu
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("extra,caching,want_on", [({}, True, True), ({}, False, True),
+                                                   ({"gdn_graphs": False}, True, False)])
+def test_layers_switched_on_only_when_the_plugin_runs(vllm_dist, extra, caching, want_on):
+    """vLLM builds the layers while our model class shows it mode "align" (its own refusal of
+    "all" reads the mode then): they must be switched on afterwards, or they silently fall back to
+    vLLM's kernels on "all"-mode block tables (seen on the GPU once)."""
+    import torch.nn as nn
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+
+    from gdn_graphs.vllm._v026_layer import GDNGraphsBackend, GDNGraphsQwenGDN, switch_on_layers
+
+    cfg = _engine_config(vllm_dist, enable_prefix_caching=caching, additional_config=extra)
+    with set_current_vllm_config(cfg):
+        layer = QwenGatedDeltaNetAttention(cfg.model_config.hf_text_config, cfg,
+                                           prefix=f"model.layers.{int(caching)}{len(extra)}.linear_attn",
+                                           gqa_interleaved_layout=True)
+    assert type(layer) is GDNGraphsQwenGDN and layer._gdn_graphs is False
+    assert switch_on_layers(nn.ModuleList([layer]), cfg) == int(want_on)
+    assert layer.get_attn_backend() is (GDNGraphsBackend if want_on else GDNAttentionBackend)

@@ -68,12 +68,20 @@ class Qwen3NextAllForCausalLM(Qwen3NextForCausalLM):
         finally:
             cc.mamba_cache_mode = mode
         # The layers were built while the mode read "align": switch them on now that it is back.
-        on = _active(vllm_config)
-        layers = [m for m in self.modules() if isinstance(m, GDNGraphsQwenGDN)]
-        for m in layers:
-            m._gdn_graphs = on and m.activation in ("silu", "swish")
-        logger.info("gdn_graphs: %d of %d GDN layers run on gdn_graphs kernels (mamba cache mode "
-                    "%r)", sum(m._gdn_graphs for m in layers), len(layers), mode)
+        switch_on_layers(self, vllm_config)
+
+
+def switch_on_layers(model: torch.nn.Module, vllm_config) -> int:
+    """Route every GDN layer of ``model`` through gdn_graphs if this engine uses it; returns how
+    many are on (logged: the engine's log says which kernels run)."""
+    on = _active(vllm_config)
+    layers = [m for m in model.modules() if isinstance(m, GDNGraphsQwenGDN)]
+    for m in layers:
+        m._gdn_graphs = on and m.activation in ("silu", "swish")
+    n_on = sum(m._gdn_graphs for m in layers)
+    logger.info("gdn_graphs: %d of %d GDN layers run on gdn_graphs kernels (mamba cache mode %r)",
+                n_on, len(layers), vllm_config.cache_config.mamba_cache_mode)
+    return n_on
 
 
 # -------------------------------------------------------------------------------------- metadata

@@ -41,6 +41,8 @@ __all__ = ["PlanLimits", "StepPlan", "GDNPlanner"]
 
 # Every buffer view starts on a 16-byte boundary (4 int32), so kernels see aligned pointers.
 _ALIGN = 4
+# Pinned staging buffers on CUDA: plan() blocks only on a copy made this many plans ago.
+_STAGING_RING = 4
 
 # Order of the ChunkMeta fields in the flat buffer; must match host_chunk_meta's keys.
 _META_FIELDS = ("cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots",
@@ -151,10 +153,13 @@ class GDNPlanner:
         self.decode_write: torch.Tensor = views["decode_write"]
         self.prefill = ChunkMeta(block_size=limits.block_size, **{k: views[k] for k in _META_FIELDS})
 
-        # Host staging. On CUDA: two pinned buffers used in turn, each guarded by an event, so a
-        # non_blocking copy still in flight is never overwritten and plan() can run one step ahead.
+        # Host staging. On CUDA: a ring of pinned buffers used in turn, each guarded by an event,
+        # so a non_blocking copy still in flight is never overwritten. Reusing a buffer waits for
+        # the GPU to reach the copy made from it (the end of the steps enqueued before that plan);
+        # the ring is deep enough that an engine keeping two steps in flight (vLLM's async
+        # scheduling) never waits there.
         use_cuda = self.device.type == "cuda" and torch.cuda.is_available()
-        n_stage = 2 if use_cuda else 1
+        n_stage = _STAGING_RING if use_cuda else 1
         self._staging = [torch.full((self._total,), NO_SLOT, dtype=torch.int32, pin_memory=use_cuda)
                          for _ in range(n_stage)]
         self._staging_np = [t.numpy() for t in self._staging]

@@ -66,8 +66,10 @@ def main(argv=None):
         row["decode_tok_per_s"] = dec
         # token agreement with the reference configuration
         diffs = []
-        for key in ("repeat", "shared", "system"):
+        for key in ("repeat", "shared", "system", "decode"):
             if key not in sc or key not in res[ref]["scenarios"]:
+                continue
+            if "runs" not in sc[key] or "runs" not in res[ref]["scenarios"][key]:
                 continue
             for i, (x, y) in enumerate(zip(sc[key]["runs"], res[ref]["scenarios"][key]["runs"])):
                 d = first_diff(x["tokens"], y["tokens"])

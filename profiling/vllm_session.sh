@@ -40,7 +40,7 @@ case $target in
   correctness)
     # fp32: the plugin in four configurations (vLLM 0.26's own GDN prefill refuses fp32);
     # bf16: the plugin next to vLLM's own "align" mode. Engines side by side: fixed KV memory.
-    kv="--kv-cache-gib 6"
+    kv="--kv-cache-gib 6 --decode-batch 48"  # 48 x 256 tokens: the 2nd step mixes decodes and prefills
     e2e fp32_plugin_pc_graphs   $M32 --dtype float32 --plugin on --prefix-caching on  --graphs on  $kv &
     e2e fp32_plugin_pc_eager    $M32 --dtype float32 --plugin on --prefix-caching on  --graphs off $kv &
     e2e fp32_plugin_nopc_graphs $M32 --dtype float32 --plugin on --prefix-caching off --graphs on  $kv &

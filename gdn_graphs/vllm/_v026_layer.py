@@ -45,6 +45,7 @@ from gdn_graphs.vllm.warmup import warm_up_kernels
 
 logger = init_logger("vllm.gdn_graphs")
 
+
 def _active(vllm_config) -> bool:
     """Our kernels run this engine's GDN layers: plugin on and a mode we implement."""
     return (enabled(vllm_config) and vllm_config.model_config.architecture in ARCHS
@@ -91,7 +92,7 @@ class GDNGraphsMetadata:
     num_decodes: int            # decode rows to launch (the bucket in a FULL-graph decode)
     num_prefill_tokens: int
     num_actual_tokens: int
-    decode_read: torch.Tensor   # persistent int32 views (the builder's planner)
+    decode_read: torch.Tensor   # persistent int32 views (the builder's slot set)
     decode_write: torch.Tensor
     prefill: Any                # ChunkMeta of persistent views
     # fields vLLM's generic code may look at on any GDN metadata

@@ -76,7 +76,8 @@ def _engine_config(path, **kw):
     from vllm.engine.arg_utils import EngineArgs
 
     kw.setdefault("max_model_len", 32768)
-    return EngineArgs(model=path, skip_tokenizer_init=True, dtype="float32", **kw).create_engine_config()
+    kw.setdefault("dtype", "float32")
+    return EngineArgs(model=path, skip_tokenizer_init=True, **kw).create_engine_config()
 
 
 def _final_block_size(cfg):
@@ -223,3 +224,22 @@ def test_layers_switched_on_only_when_the_plugin_runs(vllm_dist, extra, caching,
     assert type(layer) is GDNGraphsQwenGDN and layer._gdn_graphs is False
     assert switch_on_layers(nn.ModuleList([layer]), cfg) == int(want_on)
     assert layer.get_attn_backend() is (GDNGraphsBackend if want_on else GDNAttentionBackend)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("size,ours,theirs", [("tiny", 192, 144), ("full", 576, 544)])
+def test_block_sizes_of_both_layouts(vllm_cpu, tmp_path, size, ours, theirs):
+    """With CUDA's default attention block (16) and TRITON_ATTN: the plugin's block is the smallest
+    multiple of 64 holding a state page, vLLM's own "align" mode the smallest multiple of 16
+    (the full-size numbers are the Qwen3-Next-80B-A3B layout in bf16)."""
+    from gdn_graphs.vllm.tiny_model import write_full_size_config
+
+    path = vllm_cpu if size == "tiny" else str(write_full_size_config(tmp_path / "full"))
+    kw = dict(enable_prefix_caching=True, block_size=16)
+    if size == "full":
+        kw.update(load_format="dummy", dtype="bfloat16")
+    got = {}
+    for name, extra in (("ours", {}), ("theirs", {"gdn_graphs": False})):
+        cfg = _engine_config(path, additional_config=extra, **kw)
+        got[name] = _final_block_size(cfg).block_size
+    assert got == {"ours": ours, "theirs": theirs}

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["tiny_config", "make_tiny_qwen3_next"]
+__all__ = ["tiny_config", "full_size_config", "make_tiny_qwen3_next", "write_full_size_config"]
 
 
 def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
@@ -26,6 +26,22 @@ def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
         shared_expert_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[],
         max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype=dtype,
         architectures=["Qwen3NextForCausalLM"])
+
+
+def full_size_config(dtype: str = "bfloat16"):
+    """transformers' default Qwen3NextConfig: the Qwen3-Next-80B-A3B layout (48 layers, every 4th
+    full attention; GDN heads 16 key / 32 value of dim 128; 512 experts). For random-weight runs
+    (vLLM ``load_format="dummy"``): only config.json is written."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(torch_dtype=dtype, architectures=["Qwen3NextForCausalLM"])
+
+
+def write_full_size_config(path: str | Path, dtype: str = "bfloat16") -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    full_size_config(dtype).save_pretrained(path)
+    return path
 
 
 def make_tiny_qwen3_next(path: str | Path, dtype: str = "bfloat16", seed: int = 0,
@@ -54,8 +70,13 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config-only", action="store_true")
+    ap.add_argument("--full-size", action="store_true",
+                    help="the 80B-A3B layout, config.json only (for load_format='dummy')")
     a = ap.parse_args(argv)
-    print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))
+    if a.full_size:
+        print(write_full_size_config(a.path, a.dtype))
+    else:
+        print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))
 
 
 if __name__ == "__main__":

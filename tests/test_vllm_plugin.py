@@ -126,6 +126,14 @@ def test_bad_block_size_is_refused(vllm_cpu):
 
 
 @pytest.mark.vllm
+def test_hits_inside_a_block_are_refused(vllm_cpu):
+    """prefix_match_unit=64 is a multiple of 64 but finer than the block (192 on a GPU): vLLM
+    would hand out hits at 64-token boundaries whose GDN state nobody stored."""
+    with pytest.raises(Exception, match="inside a block"):
+        _engine_config(vllm_cpu, enable_prefix_caching=True, prefix_match_unit=64)
+
+
+@pytest.mark.vllm
 def test_layer_swap_and_backend(vllm_cpu):
     from vllm.model_executor.custom_op import op_registry_oot
 

@@ -54,10 +54,15 @@ class GDNAllConfig(VerifyAndUpdateConfig):
         elif cc.mamba_block_size % CHUNK:
             raise ValueError(f"gdn_graphs needs mamba_block_size to be a multiple of {CHUNK}, got "
                              f"{cc.mamba_block_size}")
+        # A finer unit lets vLLM's Mamba manager return hits inside a block, where no state is
+        # stored; the block size is only fixed later (by the attention backend), so any explicit
+        # unit is refused rather than compared with it.
         unit = getattr(cc, "prefix_match_unit", None)
-        if unit not in (None, 0) and unit % CHUNK:
-            raise ValueError(f"prefix_match_unit={unit} would give cache hits between block "
-                             f"boundaries, where no state is stored")
+        if unit is not None:
+            raise ValueError(f"gdn_graphs reuses prefixes at whole blocks; prefix_match_unit={unit} "
+                             f"would give cache hits inside a block, where no GDN state is stored. "
+                             f"Leave it unset, or turn the plugin off with "
+                             f"additional_config={{'gdn_graphs': False}}")
         logger.info("gdn_graphs: mamba cache mode 'all' (a GDN state at every block boundary)")
 
 

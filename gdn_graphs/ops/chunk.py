@@ -128,8 +128,9 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 # T (tokens in the step) only bounds the padding loop and masks: not specializing on it spares a
-# recompile whenever a step's token count changes class (1 / multiple of 16 / other), which cost
-# ~1.5 s on the first warm prefix-cache hit in vLLM (profiling/results/2026-11-29/VLLM.md).
+# recompile whenever a step's token count changes class (1 / multiple of 16 / other). In vLLM a
+# first warm prefix-cache hit took 1.48 s and the next 0.024 s, which such a recompile would
+# explain (profiling/results/2026-11-29/VLLM.md); this change has not yet run on a GPU.
 @triton.jit(do_not_specialize=["T"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,

@@ -32,6 +32,18 @@ def ids(rng, n, vocab):
     return rng.integers(10, vocab - 10, size=n).tolist()
 
 
+def write_profile(prof, path, title):
+    """The functions with the most time, cumulative and own, as text."""
+    import io
+    import pstats
+    buf = io.StringIO()
+    buf.write(title + "\n")
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -56,7 +68,12 @@ def main(argv=None):
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--host-profile", default=None, metavar="TXT",
+                    help="engine in this process (no engine-core subprocess) and cProfile of the timed "
+                         "decode run, written to TXT: where the host time of a step goes")
     a = ap.parse_args(argv)
+    if a.host_profile:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts
 
     import importlib.metadata
 
@@ -142,9 +159,17 @@ def main(argv=None):
         llm.generate(ps2, greedy(1), use_tqdm=False)
         t_one = time.perf_counter() - t
         ps3 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
+        prof = None
+        if a.host_profile:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t = time.perf_counter()
         outs = llm.generate(ps3, greedy(a.decode_tokens), use_tqdm=False)
         t_all = time.perf_counter() - t
+        if prof is not None:
+            prof.disable()
+            write_profile(prof, a.host_profile, f"decode run: {t_all:.3f} s wall")
         # batched steps mix decode rows with prefill rows: compare these tokens across configs too
         toks = [list(o.outputs[0].token_ids) for o in outs]
         dec = a.decode_batch * (a.decode_tokens - 1) / max(t_all - t_one, 1e-9)

@@ -56,7 +56,20 @@ case $target in
       p=on; [ $who = vllm ] && p=off
       e2e ${target}_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching $pc --graphs on \
           --kv-cache-gib 20 --scenarios ttft,decode --decode-batch 64 --decode-tokens 512
-    done ;;
+    done
+    # if the plugin decodes slower, profile the host side of both (engine in-process, cProfile)
+    slower=$(python3 -c "
+import json, sys
+r = {w: json.load(open('$D/${target}_' + w + '.json'))['scenarios']['decode']['decode_tok_per_s'] for w in ('plugin', 'vllm')}
+print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
+    if [ "${slower:-0}" = 1 ] && [ "${PROFILE_IF_SLOWER:-1}" = 1 ]; then
+      for who in plugin vllm; do
+        p=on; [ $who = vllm ] && p=off
+        e2e ${target}_${who}_hostprof $M16 --dtype bfloat16 --plugin $p --prefix-caching $pc --graphs on \
+            --kv-cache-gib 20 --scenarios decode --decode-batch 64 --decode-tokens 512 \
+            --host-profile "$D/${target}_${who}_hostprof.txt"
+      done
+    fi ;;
   tp2)  # the 80B-A3B layout, random weights, tensor parallel 2: run on kind nvidia-h200-x2
     M80=/tmp/qwen3_next_80b_dummy
     [ -d $M80 ] || python3 -m gdn_graphs.vllm.tiny_model $M80 --full-size > /dev/null 2>&1

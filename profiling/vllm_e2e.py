@@ -44,6 +44,28 @@ def write_profile(prof, path, title):
         f.write(buf.getvalue())
 
 
+def gpu_profile(fn, path):
+    """torch.profiler over fn(): wall time, summed CUDA kernel time and the top kernels, as text."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    ka = prof.key_averages()
+    from torch.autograd import DeviceType
+    gpu_us = sum(e.self_device_time_total for e in ka if e.device_type == DeviceType.CUDA)
+    res = {"wall_s": round(wall, 4), "gpu_kernel_s": round(gpu_us / 1e6, 4)}
+    with open(path, "w") as f:
+        f.write(f"wall {wall:.4f} s, summed GPU kernel time {gpu_us / 1e6:.4f} s\n")
+        f.write(ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
+        f.write("\n\n")
+        f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -71,8 +93,11 @@ def main(argv=None):
     ap.add_argument("--host-profile", default=None, metavar="TXT",
                     help="engine in this process (no engine-core subprocess) and cProfile of the timed "
                          "decode run, written to TXT: where the host time of a step goes")
+    ap.add_argument("--gpu-profile", default=None, metavar="TXT",
+                    help="engine in this process and torch.profiler over a 64-token decode run after the "
+                         "timed one: GPU kernel time per step against wall time, top kernels, to TXT")
     a = ap.parse_args(argv)
-    if a.host_profile:
+    if a.host_profile or a.gpu_profile:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts
 
     import importlib.metadata
@@ -173,9 +198,22 @@ def main(argv=None):
         # batched steps mix decode rows with prefill rows: compare these tokens across configs too
         toks = [list(o.outputs[0].token_ids) for o in outs]
         dec = a.decode_batch * (a.decode_tokens - 1) / max(t_all - t_one, 1e-9)
+        # the same from the engine's own timestamps: from the moment every request has its first
+        # token to the last token, all rows decode (no prefill inside, no separate prefill run)
+        ms = [o.metrics for o in outs if o.metrics is not None]
+        span = max(m.last_token_ts for m in ms) - max(m.first_token_ts for m in ms) if ms else 0
+        tpot = sorted((m.last_token_ts - m.first_token_ts) / max(a.decode_tokens - 1, 1) for m in ms)
         S["decode"] = {"batch": a.decode_batch, "tokens": a.decode_tokens, "t_prefill_s": t_one,
                        "t_total_s": t_all, "decode_tok_per_s": round(dec, 1),
+                       "engine_decode_span_s": round(span, 4),
+                       "engine_decode_tok_per_s": round(len(ms) * (a.decode_tokens - 1) / span, 1)
+                       if span > 0 else None,
+                       "median_tpot_ms": round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None,
                        "runs": [{"tokens": t, "top2_margins": []} for t in toks]}
+        if a.gpu_profile:
+            ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
+            S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
+                                                     a.gpu_profile)
     with open(a.out, "w") as f:
         json.dump(res, f)
     print(f"wrote {a.out}", flush=True)

@@ -5,6 +5,7 @@
 #   bash profiling/vllm_session.sh correctness   # 4 plugin configs + vLLM's own mode, side by side
 #   bash profiling/vllm_session.sh speed         # plugin vs vLLM's own mode, one after the other
 #   bash profiling/vllm_session.sh speed_nopc    # the same without prefix caching
+#   bash profiling/vllm_session.sh gpuprof       # torch.profiler of decode, plugin vs vLLM's own mode
 #   bash profiling/vllm_session.sh tp2           # 80B-A3B layout, dummy weights, TP 2 (two GPUs)
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
@@ -70,10 +71,17 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
             --host-profile "$D/${target}_${who}_hostprof.txt"
       done
     fi ;;
+  gpuprof)  # engine in-process, torch.profiler over a decode run: GPU kernel time vs wall per config
+    for who in plugin vllm; do
+      p=on; [ $who = vllm ] && p=off
+      e2e gpuprof_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+          --kv-cache-gib 20 --scenarios decode --decode-batch 64 --decode-tokens 256 \
+          --gpu-profile "$D/gpuprof_${who}.txt"
+    done ;;
   tp2)  # the 80B-A3B layout, random weights, tensor parallel 2: run on kind nvidia-h200-x2
     M80=/tmp/qwen3_next_80b_dummy
     [ -d $M80 ] || python3 -m gdn_graphs.vllm.tiny_model $M80 --full-size > /dev/null 2>&1
-    for who in plugin vllm; do
+    for who in ${WHO:-plugin vllm}; do  # WHO=plugin / WHO=vllm: one engine per device call
       p=on; [ $who = vllm ] && p=off
       e2e tp2_$who $M80 --dtype bfloat16 --tp 2 --load-format dummy --plugin $p \
           --prefix-caching on --graphs on --gpu-mem 0.9 --scenarios shared,system

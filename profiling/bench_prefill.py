@@ -155,30 +155,23 @@ def bench_ours(torch, triton, case, quick, cfg=None):
     for name, _ in MODES:
         meta = case.metas[name]
 
-        def intra(solve_blocks, early_v):
+        def intra():
             return chunk_intra_fwd(
                 case.q, case.k, case.v, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
-                meta, K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32",
-                solve_blocks=solve_blocks, early_v=early_v)
+                meta, K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32")
 
         def call():
             gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws, config=cfg)
 
         ms = bench_ms(triton, call, quick)
-        ms_intra = bench_ms(triton, lambda: intra(cfg.solve_blocks, cfg.early_v), quick)
+        ms_intra = bench_ms(triton, intra, quick)
+        ck = intra()
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd(
             case.out, case.pool, case.ws, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
             num_stages=cfg.stages_for(torch.bfloat16), dot_precision="tf32"), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
-                         checkpoints=int(meta.ckpt_offsets[-1].item()))
-    # the parallel kernel's variants (ChunkConfig.solve_blocks / early_v), no checkpoints
-    res["intra_variants"] = []
-    for sb in (True, False):
-        for ev in (False, True):
-            ck = intra(sb, ev)
-            res["intra_variants"].append(dict(
-                solve_blocks=sb, early_v=ev, ms=bench_ms(triton, lambda: intra(sb, ev), quick),
-                regs=getattr(ck, "n_regs", None), spills=getattr(ck, "n_spills", None)))
+                         checkpoints=int(meta.ckpt_offsets[-1].item()),
+                         intra_regs=getattr(ck, "n_regs", None), intra_spills=getattr(ck, "n_spills", None))
     off = res["off"]["ms"]
     for name, _ in MODES[1:]:
         res[name]["ckpt_cost_pct"] = 100.0 * (res[name]["ms"] / off - 1.0)
@@ -359,9 +352,6 @@ def print_table(results, sweep_only=False):
                   f"peak extra {f['peak_extra_MiB']:.0f} MiB)")
         elif f:
             print(f"{shape:>8} {'fla':>7} failed: {f.get('error')}")
-        for iv in r["ours"].get("intra_variants", []):
-            print(f"{shape:>8} intra solve_blocks={iv['solve_blocks']!s:5} early_v={iv['early_v']!s:5} "
-                  f"{iv['ms']:8.3f} ms  regs {iv['regs']} spills {iv['spills']}")
         print(f"{shape:>8} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
               f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
     if results.get("fla_error"):

@@ -167,11 +167,11 @@ def test_batch_vs_reference_bf16(device, pool_dtype):
     check_batch(seqs, B, reads, writes, ckpts, inputs, out, before, pool, TOL[torch.bfloat16])
 
 
-@pytest.mark.parametrize("solve_blocks", [True, False])
-def test_repeated_token_inverse(device, solve_blocks):
+def test_repeated_token_inverse(device):
     """One token repeated (k_t . k_s = 1, beta ~ 1, no decay) is the hard case for the in-chunk
     inverse: (I + A)^-1 then has entries of alternating sign that do not decay along a diagonal.
-    Both ways of inverting the 16 x 16 diagonal blocks must stay at fp32 accuracy there."""
+    The inverse must stay at fp32 accuracy there (random inputs hardly test it: an off-by-one in
+    the forward substitution passed the other tests of this file and failed this one)."""
     HK, HV, K, V, B = 1, 2, 16, 16, 64
     seqs = [(150, 0), (70, 37)]
     T = sum(L for L, _ in seqs)
@@ -185,7 +185,7 @@ def test_repeated_token_inverse(device, solve_blocks):
     reads, writes, ckpts = plan(seqs, B, pool.shape[0], random.Random(2))
     seed_states(pool, reads)
     before = pool.clone()
-    out = run(seqs, B, reads, writes, ckpts, inputs, pool, config=ChunkConfig(solve_blocks=solve_blocks))
+    out = run(seqs, B, reads, writes, ckpts, inputs, pool)
     check_batch(seqs, B, reads, writes, ckpts, inputs, out, before, pool, TOL[torch.float32])
 
 
@@ -335,8 +335,7 @@ HK, HV, K, V = 16, 32, 128, 128
 cfg = C.DEFAULT_CONFIG
 common = dict(HK=HK, HV=HV, K=K, V=V, BK=K, BC=CHUNK, DOT_PREC="tf32", INTERPRET=False)
 kernels = [
-    (C._chunk_intra_kernel, dict(common, BVF=V, INV_PREC="tf32", SOLVE_BLOCKS=cfg.solve_blocks,
-                                 EARLY_V=cfg.early_v), cfg.warps_intra,
+    (C._chunk_intra_kernel, dict(common, BVF=V, INV_PREC="tf32"), cfg.warps_intra,
      dict(a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*fp32", g_ws="*fp32", scale="fp32")),
     (C._chunk_seq_kernel, dict(common, BV=cfg.bv, NUM_STAGES=cfg.stages_for(torch.bfloat16), ROUND_STATE=False),
      cfg.warps_seq, dict(g_ws="*fp32", ssm="*fp32")),
@@ -443,31 +442,6 @@ def test_gpu_vs_reference(gpu):
     for s in range(pool.shape[0]):
         if s not in written:
             assert torch.equal(bits(pool[s]), bits(before[s])), s
-
-
-@pytest.mark.gpu
-def test_gpu_intra_variants(gpu):
-    """Both inverses of the diagonal blocks (ChunkConfig.solve_blocks) match the fp64 reference
-    at real shapes, and loading v early (early_v) changes nothing, bit for bit."""
-    HK, HV, K, V = GPU_DIMS.values()
-    B = 256
-    seqs = [(700, 0), (333, 37), (64, 256)]
-    inputs = make_inputs(sum(L for L, _ in seqs), HK, HV, K, V, torch.bfloat16, gpu, seed=23)
-    pool0 = make_pool(40, HV, V, K, torch.float32, gpu)
-    reads, writes, ckpts = plan(seqs, B, pool0.shape[0], random.Random(6))
-    seed_states(pool0, reads)
-    res = {}
-    for sb in (True, False):
-        for ev in (False, True):
-            pool = pool0.clone()
-            out = run(seqs, B, reads, writes, ckpts, inputs, pool,
-                      config=ChunkConfig(solve_blocks=sb, early_v=ev))
-            torch.cuda.synchronize()
-            res[sb, ev] = (out, pool)
-        out, pool = res[sb, False]
-        check_batch(seqs, B, reads, writes, ckpts, inputs, out, pool0, pool, TOL[torch.bfloat16])
-        assert torch.equal(res[sb, True][0], res[sb, False][0]), sb
-        assert torch.equal(bits(res[sb, True][1]), bits(res[sb, False][1])), sb
 
 
 @pytest.mark.gpu

@@ -81,8 +81,6 @@ class ChunkConfig:
     stages: int | None = None
     dot_precision: str | None = None
     inv_precision: str | None = None
-    solve_blocks: bool = True
-    early_v: bool = False
 
     def __post_init__(self):
         if self.bv not in (16, 32, 64):
@@ -129,11 +127,12 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
 
-# T (tokens in the step) only bounds the padding loop and masks: not specializing on it spares a
-# recompile whenever a step's token count changes class (1 / multiple of 16 / other). In vLLM a
-# first warm prefix-cache hit took 1.48 s and the next 0.024 s, which such a recompile would
-# explain (profiling/results/2026-11-29/VLLM.md); this change has not yet run on a GPU.
-@triton.jit(do_not_specialize=["T"])
+# Integer arguments that change with the engine rather than the model are not specialised on
+# (Triton keys a compiled kernel on ints being 1 or multiples of 16): T, the step's token count,
+# only bounds the padding loop and masks, and max_seqs / max_chunks are the planner's limits, which
+# differ between a warm-up and the engine. Otherwise the first request recompiles what the warm-up
+# compiled. (Under vLLM the first warm prefix-cache hit once took 1.48 s and the next 0.024 s.)
+@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,
@@ -144,7 +143,6 @@ def _chunk_intra_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-    SOLVE_BLOCKS: tl.constexpr, EARLY_V: tl.constexpr,
 ):
     G: tl.constexpr = HV // HK
     pid = tl.program_id(0)
@@ -204,9 +202,6 @@ def _chunk_intra_kernel(
     b_q = tl.load(q + rows[:, None] * s_qt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_q = b_q.to(tl.float32)
     b_q = b_q * (tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6) * scale)[:, None]
-    m_tv = m_t[:, None] & m_v[None, :]
-    if EARLY_V:  # in flight while the inverse is computed
-        b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
     b_kb = _cast(b_k, w_ws.dtype.element_ty, INTERPRET)
     b_qb = _cast(b_q, w_ws.dtype.element_ty, INTERPRET)
     if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
@@ -229,31 +224,21 @@ def _chunk_intra_kernel(
              _cast(b_P, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
     tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
 
-    # (I + A)^-1. Diagonal 16x16 blocks by forward substitution, all four at once on the full
-    # tile: D is block diagonal, so column c of the update only involves rows of c's block, and
-    # row rr of every block is done in one step. coef[j] = A[16 * (j // 16) + rr, j].
-    if SOLVE_BLOCKS:
-        # the four diagonal blocks as a [4, 16, 16] batch: Ad[i] = A[16i:16i+16, 16i:16i+16].
-        # X = D - I is strictly lower; row r of X = -Ad[r] - sum_{j<r} Ad[r, j] X[j] (X's rows
-        # >= r still hold -Ad, whose entries at j >= r are zero, so the full sum is right)
-        i4 = tl.arange(0, 4)
-        on_diag = (i4[:, None] == i4[None, :])[:, None, :, None]
-        b_X = -tl.sum(tl.where(on_diag, tl.reshape(b_A, [4, 16, 4, 16]), 0.), 2)
-        r16 = tl.arange(0, 16)[None, :, None]
-        for rr in range(2, 16):
-            b_row = tl.sum(tl.where(r16 == rr, b_X, 0.), 1)
-            b_row = b_row + tl.sum(b_row[:, :, None] * b_X, 1)
-            b_X = tl.where(r16 == rr, b_row[:, None, :], b_X)
-        b_X = b_X + tl.where(r16 == tl.arange(0, 16)[None, None, :], 1., 0.)
-        b_D = tl.reshape(tl.where(on_diag, b_X[:, :, None, :], 0.), [BC, BC])
-    else:
-        same_blk = (r // 16) == (c // 16)
-        b_ATd = tl.trans(tl.where(same_blk, b_A, 0.))
-        b_D = tl.where(r == c, 1., 0.)
-        for rr in range(1, 16):
-            coef = tl.sum(tl.where((c % 16) == rr, b_ATd, 0.), 1)
-            s = tl.sum(coef[:, None] * b_D, 0)
-            b_D = tl.where(((r % 16) == rr) & same_blk, b_D - s[None, :], b_D)
+    # (I + A)^-1. First D, the inverse of A's block diagonal: the four 16 x 16 diagonal blocks as
+    # a [4, 16, 16] batch, Ad[i] = A[16i:16i+16, 16i:16i+16], inverted by forward substitution on all four at once. X = D - I is strictly lower and row r of X is
+    # -Ad[r] - sum_{j<r} Ad[r, j] X[j]; rows >= r of X still hold -Ad, whose entries at j >= r are
+    # zero, so the full sum is right. (On the masked 64 x 64 tile this loop was 3.3x the PTX and
+    # had barriers; the batch made the kernel 1.6x faster on an H200.)
+    i4 = tl.arange(0, 4)
+    on_diag = (i4[:, None] == i4[None, :])[:, None, :, None]
+    b_X = -tl.sum(tl.where(on_diag, tl.reshape(b_A, [4, 16, 4, 16]), 0.), 2)
+    r16 = tl.arange(0, 16)[None, :, None]
+    for rr in range(2, 16):
+        b_row = tl.sum(tl.where(r16 == rr, b_X, 0.), 1)
+        b_row = b_row + tl.sum(b_row[:, :, None] * b_X, 1)
+        b_X = tl.where(r16 == rr, b_row[:, None, :], b_X)
+    b_X = b_X + tl.where(r16 == tl.arange(0, 16)[None, None, :], 1., 0.)
+    b_D = tl.reshape(tl.where(on_diag, b_X[:, :, None, :], 0.), [BC, BC])
     # then the off-diagonal blocks: T = D - (D A_o) T, exact after 3 sweeps (block forward
     # substitution on 4 block rows)
     b_N = _dot(b_D, tl.where((r // 16) > (c // 16), b_A, 0.), None, INV_PREC, INTERPRET)
@@ -268,8 +253,9 @@ def _chunk_intra_kernel(
     b_w = _dot(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
     tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], _cast(b_w, DT, INTERPRET),
              mask=m_tk)
-    if not EARLY_V:
-        b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
+    # (loading v at the top instead took 40 fewer registers and was no faster)
+    m_tv = m_t[:, None] & m_v[None, :]
+    b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
     b_u = _dot(_cast(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
     tl.store(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], _cast(b_u, DT, INTERPRET),
              mask=m_tv)
@@ -497,8 +483,7 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
 
 
 def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
-                    num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee",
-                    solve_blocks: bool = True, early_v: bool = False):
+                    num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee"):
     """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill). Returns Triton's
     handle of the compiled kernel (registers, spills: ``.n_regs``, ``.n_spills``)."""
     T, HK, K = q.shape
@@ -514,7 +499,7 @@ def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BVF=triton.next_power_of_2(V), BC=CHUNK,
         DOT_PREC=dot_precision, INV_PREC=inv_precision, INTERPRET=_interpreting(),
-        SOLVE_BLOCKS=solve_blocks, EARLY_V=early_v, num_warps=num_warps,
+        num_warps=num_warps,
     )
 
 
@@ -575,8 +560,7 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
     chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, workspace, meta, scale,
-                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
-                    solve_blocks=cfg.solve_blocks, early_v=cfg.early_v)
+                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec)
     chunk_seq_fwd(out, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
                   num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec)
     return out

@@ -67,7 +67,8 @@ class ChunkConfig:
     inputs, "tf32" otherwise). The interpreter always computes in fp32.
 
     Defaults and limits come from the H200 sweep (profiling/results/2026-11-29): bv 32, 4 warps,
-    3 stages was fastest on 1x8192 bf16 (12.9 M tok/s against 11.8 with 2 stages); fp32 inputs
+    3 stages was fastest on 1x8192 bf16 (12.9 M tok/s against 11.8 with 2 stages, before the
+    intra kernel's inverse got 1.6x faster; 8 intra warps were slower); fp32 inputs
     need twice the shared memory per stage, and 3 stages do not fit (279 KB > 227 KB), so
     ``stages=None`` means 3 for 16-bit inputs and 2 for fp32. ``stages=1`` is
     refused: with Triton 3.6 on an H200 it gave wrong outputs for bv <= 32 (relative difference

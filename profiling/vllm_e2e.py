@@ -140,15 +140,19 @@ def main(argv=None):
         out = llm.generate([{"prompt_token_ids": prompt}], greedy(n), use_tqdm=False)[0]
         wall = time.perf_counter() - t
         c = out.outputs[0]
-        margins = []
-        for lp in c.logprobs or []:
-            v = sorted((x.logprob for x in lp.values()), reverse=True)
-            margins.append(v[0] - v[1] if len(v) > 1 else None)
+        margins = top2_margins(c)
         m = out.metrics
         ttft = getattr(m, "first_token_latency", None) if m is not None else None
         return {"tokens": list(c.token_ids), "num_cached_tokens": out.num_cached_tokens,
                 "prompt_len": len(prompt), "wall_s": round(wall, 4),
                 "ttft_s": round(ttft, 4) if ttft else None, "top2_margins": margins}
+
+    def top2_margins(c):
+        margins = []
+        for lp in c.logprobs or []:
+            v = sorted((x.logprob for x in lp.values()), reverse=True)
+            margins.append(v[0] - v[1] if len(v) > 1 else None)
+        return margins
 
     def whole_blocks(n_shared, prompt_len):
         # vLLM never reuses the last prompt token: at most prompt_len - 1 tokens are cacheable
@@ -196,7 +200,7 @@ def main(argv=None):
             prof.disable()
             write_profile(prof, a.host_profile, f"decode run: {t_all:.3f} s wall")
         # batched steps mix decode rows with prefill rows: compare these tokens across configs too
-        toks = [list(o.outputs[0].token_ids) for o in outs]
+        toks = [(list(o.outputs[0].token_ids), top2_margins(o.outputs[0])) for o in outs]
         dec = a.decode_batch * (a.decode_tokens - 1) / max(t_all - t_one, 1e-9)
         # the same from the engine's own timestamps: from the moment every request has its first
         # token to the last token, all rows decode (no prefill inside, no separate prefill run)
@@ -209,7 +213,7 @@ def main(argv=None):
                        "engine_decode_tok_per_s": round(len(ms) * (a.decode_tokens - 1) / span, 1)
                        if span > 0 else None,
                        "median_tpot_ms": round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None,
-                       "runs": [{"tokens": t, "top2_margins": []} for t in toks]}
+                       "runs": [{"tokens": t, "top2_margins": m} for t, m in toks]}
         if a.gpu_profile:
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
             S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),

@@ -130,10 +130,12 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 # Integer arguments that change with the engine rather than the model are not specialised on
 # (Triton keys a compiled kernel on ints being 1 or multiples of 16): T, the step's token count,
-# only bounds the padding loop and masks, and max_seqs / max_chunks are the planner's limits, which
-# differ between a warm-up and the engine. Otherwise the first request recompiles what the warm-up
-# compiled. (Under vLLM the first warm prefix-cache hit once took 1.48 s and the next 0.024 s.)
-@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks"])
+# only bounds the padding loop and masks; max_seqs / max_chunks are the planner's limits, which
+# differ between a warm-up and the engine; the row strides of a and b (read one scalar per row)
+# depend on how the engine packs its gate projections. Otherwise the first request recompiles
+# what the warm-up compiled. (Under vLLM the first warm prefix-cache hit once took 1.48 s and the
+# next 0.024 s.)
+@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,

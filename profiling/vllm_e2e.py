@@ -75,6 +75,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--language-model-only", action="store_true",
+                    help="vision-language checkpoints (Qwen3.5): build and run the text model only")
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--max-batched", type=int, default=8192)
     ap.add_argument("--gpu-mem", type=float, default=0.15)
@@ -117,7 +119,8 @@ def main(argv=None):
               attention_backend="TRITON_ATTN", additional_config=extra, seed=0,
               disable_log_stats=False,
               kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) if a.kv_cache_gib else None,
-              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]})
+              compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
+              **({"language_model_only": True} if a.language_model_only else {}))
     start_s = time.perf_counter() - t0
     vcfg = llm.llm_engine.vllm_config
     cc = vcfg.cache_config

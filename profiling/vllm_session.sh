@@ -6,6 +6,7 @@
 #   bash profiling/vllm_session.sh speed         # plugin vs vLLM's own mode, one after the other
 #   bash profiling/vllm_session.sh speed_nopc    # the same without prefix caching
 #   bash profiling/vllm_session.sh gpuprof       # torch.profiler of decode, plugin vs vLLM's own mode
+#   bash profiling/vllm_session.sh qwen3_5       # tiny Qwen3.5 dense + MoE, plugin vs vLLM's own mode
 #   bash profiling/vllm_session.sh tp2           # 80B-A3B layout, dummy weights, TP 2 (two GPUs)
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
@@ -78,6 +79,17 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --kv-cache-gib 20 --scenarios decode --decode-batch 64 --decode-tokens 256 \
           --gpu-profile "$D/gpuprof_${who}.txt"
     done ;;
+  qwen3_5)  # tiny Qwen3.5 dense and MoE, random weights (config only), text model only
+    for moe in dense moe; do
+      MQ=/tmp/tiny_qwen3_5_$moe
+      [ -d $MQ ] || python3 -m gdn_graphs.vllm.tiny_model $MQ --qwen3-5 $moe > /dev/null 2>&1
+      for who in plugin vllm; do
+        p=on; [ $who = vllm ] && p=off
+        e2e q35_${moe}_$who $MQ --dtype bfloat16 --load-format dummy --language-model-only \
+            --plugin $p --prefix-caching on --graphs on --kv-cache-gib 6 --scenarios shared,system,decode &
+      done
+    done
+    wait ;;
   tp2)  # the 80B-A3B layout, random weights, tensor parallel 2: run on kind nvidia-h200-x2
     M80=/tmp/qwen3_next_80b_dummy
     [ -d $M80 ] || python3 -m gdn_graphs.vllm.tiny_model $M80 --full-size > /dev/null 2>&1

@@ -94,11 +94,90 @@ def test_registry_and_config_map(vllm_cpu):
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from gdn_graphs.vllm._v026 import MODEL_CLASS, GDNAllConfig
+    from gdn_graphs.vllm._v026 import _VLLM_CONFIG_HOOKS, MODEL_CLASSES, GDNAllConfig
 
-    assert MODELS_CONFIG_MAP["Qwen3NextForCausalLM"] is GDNAllConfig
-    entry = ModelRegistry.models["Qwen3NextForCausalLM"]
-    assert f"{entry.module_name}:{entry.class_name}" == MODEL_CLASS
+    assert set(MODEL_CLASSES) == {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+                                  "Qwen3_5MoeForConditionalGeneration"}
+    for arch, cls in MODEL_CLASSES.items():
+        assert MODELS_CONFIG_MAP[arch] is GDNAllConfig
+        entry = ModelRegistry.models[arch]
+        assert f"{entry.module_name}:{entry.class_name}" == cls
+    # vLLM's own Qwen3.5 hook (state dtype from the checkpoint) is kept, to run before ours
+    assert _VLLM_CONFIG_HOOKS["Qwen3_5ForConditionalGeneration"].__name__ == \
+        "Qwen3_5ForConditionalGenerationConfig"
+    assert "Qwen3NextForCausalLM" not in _VLLM_CONFIG_HOOKS
+
+
+def _fake_engine_config(arch, caching=True, extra=None, **cache):
+    """Just the fields the config hooks read (vLLM's Qwen3.5 cannot be imported without
+    torchvision, which the CPU tier does not install, so no real ModelConfig for it)."""
+    from types import SimpleNamespace as NS
+
+    cc = dict(enable_prefix_caching=caching, mamba_cache_mode="none", mamba_block_size=None,
+              user_specified_mamba_block_size=False, mamba_ssm_cache_dtype="auto",
+              prefix_match_unit=None)
+    cc.update(cache)
+    text = NS(mamba_ssm_dtype="float32")
+    return NS(model_config=NS(architecture=arch, hf_text_config=text), cache_config=NS(**cc),
+              speculative_config=None, additional_config=extra or {})
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"])
+def test_qwen3_5_config_hook_runs_vllms_first(vllm_cpu, arch):
+    """Our hook replaces vLLM's Qwen3.5 entry in MODELS_CONFIG_MAP and runs it first: the state
+    dtype still comes from the checkpoint (float32 here), and the mode is ours."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    hook = MODELS_CONFIG_MAP[arch]
+    cfg = _fake_engine_config(arch)
+    hook.verify_and_update_config(cfg)
+    cc = cfg.cache_config
+    assert (cc.mamba_cache_mode, cc.mamba_block_size, cc.mamba_ssm_cache_dtype) == ("all", 64, "float32")
+    cfg = _fake_engine_config(arch, extra={"gdn_graphs": False})
+    hook.verify_and_update_config(cfg)
+    assert (cfg.cache_config.mamba_cache_mode, cfg.cache_config.mamba_ssm_cache_dtype) == ("align", "float32")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        hook.verify_and_update_config(_fake_engine_config(arch, mamba_block_size=96))
+
+
+@pytest.mark.vllm
+def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monkeypatch):
+    """Our Qwen3.5 classes, on stand-ins for vLLM's (whose module needs torchvision): the parent
+    __init__ sees mode "align" (vLLM's refuses "all" there), the mode is "all" again afterwards,
+    and switch_on_layers runs on the built model."""
+    import importlib
+    import sys
+    import types
+
+    import torch.nn as nn
+
+    seen = []
+
+    class FakeParent(nn.Module):
+        def __init__(self, *, vllm_config, prefix="model"):
+            super().__init__()
+            seen.append(vllm_config.cache_config.mamba_cache_mode)
+
+    fake = types.ModuleType("vllm.model_executor.models.qwen3_5")
+    fake.Qwen3_5ForConditionalGeneration = fake.Qwen3_5MoeForConditionalGeneration = FakeParent
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.models.qwen3_5", fake)
+    monkeypatch.delitem(sys.modules, "gdn_graphs.vllm._v026_qwen3_5", raising=False)
+    M = importlib.import_module("gdn_graphs.vllm._v026_qwen3_5")
+    switched = []
+    monkeypatch.setattr(M, "switch_on_layers", lambda model, cfg: switched.append(model))
+    try:
+        for cls in (M.Qwen3_5AllForConditionalGeneration, M.Qwen3_5MoeAllForConditionalGeneration):
+            assert cls.supports_mamba_prefix_caching is True
+            cfg = _fake_engine_config("Qwen3_5ForConditionalGeneration", mamba_cache_mode="all")
+            model = cls(vllm_config=cfg)
+            assert seen[-1] == "align" and cfg.cache_config.mamba_cache_mode == "all"
+            assert switched[-1] is model
+            off = _fake_engine_config("x", mamba_cache_mode="all", extra={"gdn_graphs": False})
+            cls(vllm_config=off)
+            assert seen[-1] == "all"  # plugin off: vLLM's own refusal applies as it would
+    finally:
+        sys.modules.pop("gdn_graphs.vllm._v026_qwen3_5", None)
 
 
 @pytest.mark.vllm

@@ -13,16 +13,29 @@ from gdn_graphs.vllm import enabled
 
 logger = logging.getLogger("vllm.gdn_graphs")
 
-ARCHS = ("Qwen3NextForCausalLM",)
-MODEL_CLASS = "gdn_graphs.vllm._v026_layer:Qwen3NextAllForCausalLM"
+# vLLM architecture -> our model class (the same model, declaring Mamba prefix caching)
+MODEL_CLASSES = {
+    "Qwen3NextForCausalLM": "gdn_graphs.vllm._v026_layer:Qwen3NextAllForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "gdn_graphs.vllm._v026_qwen3_5:Qwen3_5AllForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration":
+        "gdn_graphs.vllm._v026_qwen3_5:Qwen3_5MoeAllForConditionalGeneration",
+}
+ARCHS = tuple(MODEL_CLASSES)
+
+# vLLM's own MODELS_CONFIG_MAP entries for these architectures (Qwen3.5's reads the state dtype
+# from the checkpoint's config): ours replaces them in the map and runs them first
+_VLLM_CONFIG_HOOKS: dict[str, type] = {}
 
 
 def register() -> None:
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    for arch in ARCHS:
-        ModelRegistry.register_model(arch, MODEL_CLASS)
+    for arch, cls in MODEL_CLASSES.items():
+        ModelRegistry.register_model(arch, cls)
+        prev = MODELS_CONFIG_MAP.get(arch)
+        if prev is not None and prev is not GDNAllConfig:
+            _VLLM_CONFIG_HOOKS[arch] = prev
         MODELS_CONFIG_MAP[arch] = GDNAllConfig
 
 
@@ -31,6 +44,9 @@ class GDNAllConfig(VerifyAndUpdateConfig):
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
+        prev = _VLLM_CONFIG_HOOKS.get(vllm_config.model_config.architecture)
+        if prev is not None:
+            prev.verify_and_update_config(vllm_config)
         cc = vllm_config.cache_config
         if not enabled(vllm_config):
             # our model class declares prefix-caching support; keep vLLM's own choice when off

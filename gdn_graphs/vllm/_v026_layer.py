@@ -4,12 +4,13 @@ registration are in ``_v026``; docs/vllm_plan.md lists the vLLM source they rest
 Imported by vLLM's processes when they resolve the model class (the registry entry that
 ``_v026.register`` makes points here), so importing it installs the layer swap too.
 
-What it changes, for Qwen3-Next only (``ARCHS``):
+What it changes, for Qwen3-Next and Qwen3.5 (dense and MoE; ``ARCHS``):
 * config: prefix caching on -> mamba cache mode "all" with a block size that is a multiple of 64
   (``GDNAllConfig``); prefix caching off -> vLLM's "none" (one state per request), still run by
   our kernels.
 * model class: the same model, declaring Mamba prefix caching, with vLLM's refusal of "all"
-  stepped around (``Qwen3NextAllForCausalLM``).
+  stepped around (``Qwen3NextAllForCausalLM``; Qwen3.5's are in ``_v026_qwen3_5``, because
+  importing vLLM's Qwen3.5 needs torchvision, which a Qwen3-Next engine should not).
 * layer: ``GDNGraphsQwenGDN`` replaces ``QwenGatedDeltaNetAttention``'s core (conv + recurrence)
   with gdn_graphs kernels that read/write vLLM's cache tensors in place, and names our backend.
 * metadata: ``GDNGraphsBuilder`` plans each step into persistent buffers (FULL decode graphs read
@@ -20,6 +21,7 @@ Everything falls through to vLLM's own code when the plugin is switched off for 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,20 +56,28 @@ def _active(vllm_config) -> bool:
 
 # ----------------------------------------------------------------------------------------- model
 
+@contextmanager
+def built_in_align_mode(vllm_config):
+    """vLLM's Qwen3-Next and Qwen3.5 classes refuse mode "all" in ``__init__`` (nothing else
+    there reads the mode): show them "align" while they build, then restore "all"."""
+    cc = vllm_config.cache_config
+    mode = cc.mamba_cache_mode
+    if mode == "all" and enabled(vllm_config):
+        cc.mamba_cache_mode = "align"
+    try:
+        yield
+    finally:
+        cc.mamba_cache_mode = mode
+
+
 class Qwen3NextAllForCausalLM(Qwen3NextForCausalLM):
     """Qwen3-Next with Mamba prefix caching at every block (gdn_graphs implements "all")."""
 
     supports_mamba_prefix_caching: ClassVar = True
 
     def __init__(self, *, vllm_config, prefix: str = ""):
-        cc = vllm_config.cache_config
-        mode = cc.mamba_cache_mode
-        if mode == "all" and enabled(vllm_config):
-            cc.mamba_cache_mode = "align"  # only the parent's refusal reads it during __init__
-        try:
+        with built_in_align_mode(vllm_config):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
-        finally:
-            cc.mamba_cache_mode = mode
         # The layers were built while the mode read "align": switch them on now that it is back.
         switch_on_layers(self, vllm_config)
 

@@ -1,7 +1,9 @@
-"""A tiny random Qwen3-Next checkpoint for tests and demos (no hub, no tokenizer).
+"""A tiny random Qwen3-Next checkpoint for tests and demos (no hub, no tokenizer), and tiny
+Qwen3.5 configs (config.json only, for vLLM's ``load_format="dummy"``).
 
 Layout (issue 5): hidden 256, 4 layers with the 4th full attention, linear-attention heads 4 key /
 8 value of dim 64, 4 experts, max_position_embeddings 32768. Prompts are passed as token ids.
+Qwen3.5 gets the same text layout (experts only in its MoE variant) and a one-block vision tower.
 """
 
 from __future__ import annotations
@@ -10,22 +12,47 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["tiny_config", "full_size_config", "make_tiny_qwen3_next", "write_full_size_config"]
+__all__ = ["tiny_config", "full_size_config", "make_tiny_qwen3_next", "write_full_size_config",
+           "tiny_qwen3_5_config", "write_tiny_qwen3_5_config"]
+
+_TEXT = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+             layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+             linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+             linear_value_head_dim=64, linear_conv_kernel_dim=4, max_position_embeddings=32768)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                shared_expert_intermediate_size=128)
 
 
 def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
-        linear_value_head_dim=64, linear_conv_kernel_dim=4,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
-        shared_expert_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=32768, tie_word_embeddings=False, torch_dtype=dtype,
-        architectures=["Qwen3NextForCausalLM"])
+        vocab_size=vocab_size, **_TEXT, **_EXPERTS, decoder_sparse_step=1, mlp_only_layers=[],
+        tie_word_embeddings=False, torch_dtype=dtype, architectures=["Qwen3NextForCausalLM"])
+
+
+def tiny_qwen3_5_config(dtype: str = "bfloat16", moe: bool = False, vocab_size: int = 4096,
+                        ssm_dtype: str | None = None):
+    """Qwen3.5 (``moe``: Qwen3.5-MoE) with the tiny text layout above and a one-block vision tower.
+    ``ssm_dtype``: the checkpoint's ``mamba_ssm_dtype`` (vLLM's own config hook reads it)."""
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+
+    text = dict(_TEXT, vocab_size=vocab_size, **(_EXPERTS if moe else {}))
+    if ssm_dtype is not None:
+        text["mamba_ssm_dtype"] = ssm_dtype
+    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256)
+    cls, arch = ((Qwen3_5MoeConfig, "Qwen3_5MoeForConditionalGeneration") if moe else
+                 (Qwen3_5Config, "Qwen3_5ForConditionalGeneration"))
+    return cls(text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype=dtype,
+               architectures=[arch])
+
+
+def write_tiny_qwen3_5_config(path: str | Path, **kw) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tiny_qwen3_5_config(**kw).save_pretrained(path)
+    return path
 
 
 def full_size_config(dtype: str = "bfloat16"):
@@ -72,8 +99,12 @@ def main(argv=None):
     ap.add_argument("--config-only", action="store_true")
     ap.add_argument("--full-size", action="store_true",
                     help="the 80B-A3B layout, config.json only (for load_format='dummy')")
+    ap.add_argument("--qwen3-5", choices=("dense", "moe"), default=None,
+                    help="a tiny Qwen3.5 config.json instead (for load_format='dummy')")
     a = ap.parse_args(argv)
-    if a.full_size:
+    if a.qwen3_5:
+        print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe"))
+    elif a.full_size:
         print(write_full_size_config(a.path, a.dtype))
     else:
         print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))

@@ -14,23 +14,17 @@ import torch
 
 from gdn_graphs.ops.custom_ops import run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
+from gdn_graphs.vllm.warmup import vllm_cache_views
 
 HK, HV, K, V, W = 1, 2, 16, 16, 4
 C = 2 * HK * K + HV * V
 
 
 def vllm_pages(num_blocks, dtype, state_dtype, pad_bytes=96):
-    """conv [nb, C, W-1] and ssm [nb, HV, V, K] views into one byte buffer, as vLLM lays them."""
-    conv_bytes = (W - 1) * C * torch.finfo(dtype).bits // 8
-    ssm_bytes = HV * V * K * torch.finfo(state_dtype).bits // 8
-    page = conv_bytes + ssm_bytes + pad_bytes  # padded to the attention page, like vLLM does
-    raw = torch.zeros(num_blocks * page, dtype=torch.uint8)
-    conv = torch.as_strided(raw.view(dtype), (num_blocks, W - 1, C),
-                            (page // (torch.finfo(dtype).bits // 8), C, 1))
-    es = torch.finfo(state_dtype).bits // 8
-    ssm = torch.as_strided(raw.view(state_dtype), (num_blocks, HV, V, K),
-                           (page // es, V * K, K, 1), conv_bytes // es)
-    return raw, conv.transpose(-1, -2), ssm
+    """Pages padded past the content (vLLM pads them to the attention page)."""
+    bits = torch.finfo(dtype).bits // 8, torch.finfo(state_dtype).bits // 8
+    page = (W - 1) * C * bits[0] + HV * V * K * bits[1] + pad_bytes
+    return vllm_cache_views(num_blocks, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
 
 
 @pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),

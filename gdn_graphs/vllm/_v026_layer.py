@@ -200,6 +200,8 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
         super().__init__(config, vllm_config, *args, **kwargs)
         self._gdn_graphs = False  # set by the model class once the cache mode is known
         self._max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self._max_reqs = vllm_config.scheduler_config.max_num_seqs
+        self._cache_config = vllm_config.cache_config  # its page size is final by the profile run
 
     def get_attn_backend(self):
         return GDNGraphsBackend if self._gdn_graphs else super().get_attn_backend()
@@ -209,23 +211,33 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
         return _workspace(self._max_tokens, self.num_v_heads // tp, self.head_k_dim,
                           self.head_v_dim, self.num_k_heads // tp, like.dtype, like.device)
 
-    def _warm_up(self, like: torch.Tensor) -> None:
-        ws = self._ws(like)
+    def _warm_up(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Compile on this engine's layouts: the inputs of vLLM's dummy forward, pools laid out
+        like its pages (see warmup.py)."""
+        ws = self._ws(mixed_qkv)
         w = self.conv1d.weight
         tp = self.tp_size
         try:
             warm_up_kernels(self.num_k_heads // tp, self.num_v_heads // tp, self.head_k_dim,
                             self.head_v_dim, w.view(w.size(0), w.size(-1)), self.A_log,
-                            self.dt_bias, like.dtype, self.get_state_dtype()[1], ws)
+                            self.dt_bias, mixed_qkv.dtype, self.get_state_dtype()[1], ws,
+                            like=(mixed_qkv, a, b),
+                            page_bytes=self._cache_config.mamba_page_size_padded,
+                            conv_dim_first=is_conv_state_dim_first(),
+                            max_decode_rows=self._max_reqs)
         except Exception:  # the first request then compiles them; never fail the engine here
             logger.warning("gdn_graphs: kernel warm-up failed", exc_info=True)
 
     def _forward_core(self, mixed_qkv, b, a, core_attn_out):
         if not self._gdn_graphs:
             return super()._forward_core(mixed_qkv, b, a, core_attn_out)
+        if a.stride(-1) != 1:
+            a = a.contiguous()
+        if b.stride(-1) != 1:
+            b = b.contiguous()
         md = get_forward_context().attn_metadata
         if md is None:  # vLLM's profile run: no cache yet; allocate what we keep, compile kernels
-            self._warm_up(mixed_qkv)
+            self._warm_up(mixed_qkv, a, b)
             return
         md = md[self.prefix]
         conv, ssm = self.kv_cache[0], self.kv_cache[1]
@@ -233,10 +245,6 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
             conv = conv.transpose(-1, -2)  # [blocks, conv_dim, W-1], a strided view: no copy
         w = self.conv1d.weight
         w = w.view(w.size(0), w.size(-1))
-        if a.stride(-1) != 1:
-            a = a.contiguous()
-        if b.stride(-1) != 1:
-            b = b.contiguous()
         ws = self._ws(mixed_qkv) if md.num_prefill_tokens else None
         run_gdn_core(mixed_qkv, a, b, w, self.conv1d.bias, self.A_log, self.dt_bias, conv, ssm,
                      core_attn_out, md.num_decodes, md.num_prefill_tokens, md.decode_read,

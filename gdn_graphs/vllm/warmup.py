@@ -1,10 +1,18 @@
 """Compile the GDN kernels before the first request (vLLM's profile run calls this).
 
-Triton compiles a kernel on its first launch; unwarmed, the first prefill of a fresh engine paid
-~6 s of compilation on an H200 (profiling/results/2026-11-29/vllm_speed_nopc). The warm-up runs one
-mixed step (a decode row, a prefill row that crosses a chunk boundary mid-chunk, padding) whose
-slots are all NO_SLOT, so no pool is read or written: the pools here are 1-slot stand-ins laid out
-like the engine's (same dtypes and strides per slot), only there so the launches type-check.
+Triton compiles a kernel on its first launch, and again for every new *specialisation*: integer
+arguments that are 1 or multiples of 16, pointers aligned to 16 bytes, and the constexprs a
+launch derives from its shapes (the decode tile depends on the number of rows). Unwarmed, the first
+prefill of a fresh engine paid ~6 s of compilation on an H200 (profiling/results/2026-11-29). A
+warm-up that launches with other strides than the engine's compiles kernels the engine never uses.
+
+So the warm-up launches on the engine's layouts: the layer's own input tensors from vLLM's dummy
+forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the model packs its
+projections) and pools laid out like vLLM's Mamba pages (``vllm_cache_views``) with the engine's
+page size. Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
+(1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding) and a
+pure decode for each decode tile the kernel picks by row count. ``tests/test_vllm_warmup.py``
+checks that an engine's launches need no compile the warm-up did not do.
 """
 
 from __future__ import annotations
@@ -14,38 +22,107 @@ import torch
 
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.ops.decode import default_config
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
-__all__ = ["warm_up_kernels"]
+__all__ = ["warm_up_kernels", "vllm_cache_views"]
 
 _DONE: set = set()
 
 
-def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor, A_log, dt_bias,
-                    dtype: torch.dtype, state_dtype: torch.dtype, workspace=None) -> bool:
-    """Launch decode + prefill once per (shapes, dtypes, device). Returns False if already done.
+def vllm_cache_views(num_blocks: int, C: int, W: int, HV: int, V: int, K: int, dtype: torch.dtype,
+                     state_dtype: torch.dtype, page_bytes: int | None = None,
+                     conv_dim_first: bool = False, device: torch.device | str = "cpu"):
+    """Conv and state pools as vLLM 0.26 lays out a GDN layer's Mamba pages, in the orientation
+    the plugin hands them to the kernels: conv ``[nb, C, W-1]`` and ssm ``[nb, HV, V, K]``.
 
-    conv_weight [C, W] is the layer's; nothing is mutated but the outputs of the dummy step."""
+    One page per block holds the conv window (vLLM's ``[W-1, C]``, or ``[C, W-1]`` when the conv
+    state is dim-first) and then the state; pages are ``page_bytes`` apart (vLLM pads them to the
+    attention page: ``cache_config.mamba_page_size_padded``; default, unpadded). Both views are
+    ``as_strided`` over one zeroed byte buffer, returned first."""
+    csize, ssize = torch.finfo(dtype).bits // 8, torch.finfo(state_dtype).bits // 8
+    conv_bytes, ssm_bytes = (W - 1) * C * csize, HV * V * K * ssize
+    page = page_bytes or conv_bytes + ssm_bytes
+    if page < conv_bytes + ssm_bytes or page % csize or page % ssize or conv_bytes % ssize:
+        raise ValueError(f"page of {page} bytes cannot hold conv {conv_bytes} + state {ssm_bytes} "
+                         f"bytes at their alignments")
+    raw = torch.zeros(num_blocks * page, dtype=torch.uint8, device=device)
+    if conv_dim_first:
+        conv = torch.as_strided(raw.view(dtype), (num_blocks, C, W - 1), (page // csize, W - 1, 1))
+    else:
+        conv = torch.as_strided(raw.view(dtype), (num_blocks, W - 1, C),
+                                (page // csize, C, 1)).transpose(-1, -2)
+    ssm = torch.as_strided(raw.view(state_dtype), (num_blocks, HV, V, K),
+                           (page // ssize, V * K, K, 1), conv_bytes // ssize)
+    return raw, conv, ssm
+
+
+def _zeros_like_layout(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Zeros with ``t``'s strides and storage offset (so the same 16-byte alignment), ``rows``
+    rows instead of ``t.shape[0]``."""
+    shape = (rows, *t.shape[1:])
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, t.stride()))
+    base = torch.zeros(t.storage_offset() + span, dtype=t.dtype, device=t.device)
+    return torch.as_strided(base, shape, t.stride(), t.storage_offset())
+
+
+def _decode_row_counts(K: int, V: int, state_dtype: torch.dtype, max_rows: int) -> list[int]:
+    """The smallest row count of each decode tile ``gdn_decode`` picks for 1..max_rows rows."""
+    first: dict = {}
+    n = 1
+    while n <= max_rows:
+        first.setdefault(default_config(K, V, n, state_dtype), n)
+        n *= 2
+    return sorted(first.values())
+
+
+def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor, A_log, dt_bias,
+                    dtype: torch.dtype, state_dtype: torch.dtype, workspace=None, *,
+                    like: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                    page_bytes: int | None = None, conv_dim_first: bool = False,
+                    max_decode_rows: int = 1024) -> bool:
+    """Launch every kernel variant an engine step can need, once per (shapes, dtypes, layouts,
+    device). Returns False if already done.
+
+    conv_weight [C, W] is the layer's. like: the layer's (mixed_qkv, a, b) as the engine passes
+    them (default: contiguous). page_bytes / conv_dim_first: the engine's page layout (see
+    ``vllm_cache_views``). Nothing is mutated but scratch buffers made here.
+    """
     device = conv_weight.device
     C, W = conv_weight.shape
     if C != 2 * HK * K + HV * V:
         raise ValueError(f"conv weight has {C} channels, q|k|v have {2 * HK * K + HV * V}")
-    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device))
+    layouts = tuple((t.stride(), t.storage_offset() % 16) for t in like) if like else None
+    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device), layouts, page_bytes, conv_dim_first)
     if key in _DONE:
         return False
-    n_pre = 2 * CHUNK + 1                      # starts mid-chunk: partial, full and partial chunks
-    T = 1 + n_pre + 2                          # decode row, prefill row, padding
-    planner = DeviceTablePlanner(2, T, CHUNK, 8, 8, null_block=0, device=device)
-    table = torch.zeros(2, 8, dtype=torch.int32, device=device)   # every block null -> NO_SLOT
-    layout = planner.plan(np.array([0, 1, 1 + n_pre]), np.array([5, 37]), table)
-    conv = torch.zeros(1, W - 1, C, dtype=dtype, device=device).transpose(-1, -2)
-    ssm = torch.zeros(1, HV, V, K, dtype=state_dtype, device=device)
-    x = torch.zeros(T, C, dtype=dtype, device=device)
-    ab = torch.zeros(T, HV, dtype=dtype, device=device)
+    _, conv, ssm = vllm_cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes,
+                                    conv_dim_first, device)
+    n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
+    decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
+    T = max(2 + n_pre + 2, max(decode_rows))
+    if like is None:
+        like = (torch.zeros(T, C, dtype=dtype, device=device),
+                torch.zeros(T, HV, dtype=dtype, device=device),
+                torch.zeros(T, HV, dtype=dtype, device=device))
+    x, a, b = (_zeros_like_layout(t, T) for t in like)
     out = torch.empty(T, HV, V, dtype=dtype, device=device)
-    run_gdn_core(x, ab, ab, conv_weight, None, A_log, dt_bias, conv, ssm, out, layout.num_decodes,
-                 layout.num_prefill_tokens, planner.decode_read, planner.decode_write,
-                 planner.prefill, workspace)
+    rows = max(2 + 1, max(decode_rows))
+    planner = DeviceTablePlanner(rows, T, CHUNK, 8, 8, null_block=0, device=device)
+    table = torch.zeros(rows, 8, dtype=torch.int32, device=device)   # every block null: NO_SLOT
+
+    def step(qsl, n):
+        layout = planner.plan(np.asarray(qsl), np.asarray(n), table)
+        run_gdn_core(x, a, b, conv_weight, None, A_log, dt_bias, conv, ssm, out,
+                     layout.num_decodes, layout.num_prefill_tokens, planner.decode_read,
+                     planner.decode_write, planner.prefill, workspace)
+
+    # mixed steps: 1 and 2 decode rows move the prefill's inputs by one and two rows (their
+    # 16-byte alignment can differ), a prefill row from position 37, padding after it
+    for nd in (1, 2):
+        step([*range(nd + 1), nd + n_pre], [5] * nd + [37])
+    for n_rows in decode_rows:                    # pure decode, one per decode tile
+        step(list(range(n_rows + 1)), [5] * n_rows)
     if int((planner.slots.flat >= 0).sum()) != 0:
         raise AssertionError("warm-up step addressed a pool slot")  # cannot happen: all null
     _DONE.add(key)

@@ -1,0 +1,158 @@
+"""The vLLM warm-up compiles every kernel variant an engine's steps launch (no vLLM needed).
+
+Triton compiles a kernel once per *specialisation key*: each constexpr, each integer being 1 or a
+multiple of 16 (unless the kernel says do_not_specialize), each pointer's 16-byte alignment, and
+the launch options. On an H200 the plugin's engines logged Triton compiles during inference of
+kernels their warm-up had already compiled (profiling/results/2026-11-30/SUMMARY.md): the warm-up
+had used other strides and limits. Here both sides run on the CPU under the interpreter, every
+launch is recorded, and its key is computed with Triton's own specialisation function; the keys of
+an engine's steps (vLLM page layout, the engine's planner, Qwen3-Next- and Qwen3.5-style inputs,
+decode batches of several sizes, prefills with checkpoints) must all be among the warm-up's.
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend
+
+from gdn_graphs.ops import chunk, conv, decode
+from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.vllm import warmup
+from gdn_graphs.vllm.slots import DeviceTablePlanner
+from gdn_graphs.vllm.warmup import vllm_cache_views, warm_up_kernels
+
+HK, HV, K, V, W = 2, 4, 32, 32, 4
+C = 2 * HK * K + HV * V
+KERNELS = [(chunk, "_chunk_intra_kernel"), (chunk, "_chunk_seq_kernel"),
+           (conv, "_conv_decode_kernel"), (conv, "_conv_prefill_kernel"),
+           (decode, "_gdn_decode_kernel")]
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def compile_key(kernel, args, kwargs):
+    """What Triton keys a compiled kernel on, for one launch (as in triton.runtime.jit)."""
+    heuristics = getattr(kernel, "values", {})            # @triton.heuristics
+    inner = kernel.fn if heuristics else kernel
+    dns = (getattr(inner, "kwargs", None) or {}).get("do_not_specialize")  # interpreter
+    dns = set(dns if dns is not None else getattr(inner, "do_not_specialize", ()))
+    params = inspect.signature(inner.fn).parameters
+    bound = dict(zip(params, args))
+    bound.update({k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+    for name, rule in heuristics.items():
+        bound[name] = rule(bound)
+    key = []
+    for name, p in params.items():
+        v = bound[name]
+        if "constexpr" in str(p.annotation) or v is None:
+            key.append((name, repr(v)))
+        else:
+            key.append((name, native_specialize_impl(BaseBackend, v, False, name not in dns, True)))
+    return tuple(key) + tuple((k, kwargs[k]) for k in LAUNCH_OPTIONS if k in kwargs)
+
+
+class Recorder:
+    def __init__(self, name, kernel, log):
+        self.name, self.kernel, self.log = name, kernel, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append((self.name, compile_key(self.kernel, args, kwargs)))
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log = []
+    for mod, name in KERNELS:
+        monkeypatch.setattr(mod, name, Recorder(name, getattr(mod, name), log))
+    warmup._DONE.clear()
+    yield log
+    warmup._DONE.clear()
+
+
+def engine_inputs(T, style, dtype):
+    """mixed_qkv, a, b as vLLM's layer hands them over: Qwen3-Next concatenates q, k, v
+    (contiguous); Qwen3.5 splits them off its packed [q, k, v, z] projection (row stride C + z)."""
+    if style == "qwen3_next":
+        x = torch.randn(T, C).to(dtype)
+    else:
+        x = torch.randn(T, C + HV * V).to(dtype)[:, :C]
+    return x, torch.randn(T, HV).to(dtype), torch.randn(T, HV).to(dtype)
+
+
+@pytest.mark.parametrize("style", ["qwen3_next", "qwen3_5"])
+def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
+    dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
+    torch.manual_seed(0)
+    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096   # padded to a larger attention page
+    w = torch.randn(C, W).to(dtype) * 0.5
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
+    max_reqs, max_tokens = 24, 500  # limits that are not multiples of 16, as an engine may have
+    ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
+
+    # the engine: its pages, its planner and block table, a sequence of steps
+    table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
+    _, conv_p, ssm_p = vllm_cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype,
+                                        page_bytes=page)
+    planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
+    steps = [  # (scheduled tokens per request, tokens computed before)
+        ([300], [0]),                              # cold prefill with checkpoints
+        ([1, 1, 70], [300, 127, 37]),              # two decodes (one crossing a block) + prefill
+        ([1, 1, 1, 10], [301, 128, 107, 5]),
+        ([1] * 3, [302, 129, 108]),                # pure decode, small and large batches
+        ([1] * 16, list(range(100, 116))),
+        ([1] * 20, list(range(200, 220))),
+        ([5], [250]),                              # a short warm prefill
+    ]
+    T_max = max(sum(q) for q, _ in steps) + 8
+    x_all, a_all, b_all = engine_inputs(T_max, style, dtype)
+    for q, n in steps:
+        T = sum(q) + 8  # vLLM pads the batch
+        qsl = np.concatenate([[0], np.cumsum(q)])
+        lay = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
+        out = torch.zeros(T, HV, V, dtype=dtype)
+        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], w, None, A_log, dt_bias, conv_p, ssm_p, out,
+                     lay.num_decodes, lay.num_prefill_tokens, planner.decode_read,
+                     planner.decode_write, planner.prefill, ws)
+    engine = set(launches)
+    launches.clear()
+
+    # the warm-up, given what vLLM's profile run gives the layer
+    assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
+                           like=(x_all, a_all, b_all), page_bytes=page, max_decode_rows=max_reqs)
+    warm = set(launches)
+    missing = engine - warm
+    assert not missing, "kernels the engine would compile during inference:\n" + "\n".join(
+        f"{name}: {dict(key)}" for name, key in sorted(missing, key=str))
+    assert {name for name, _ in engine} == {name for _, name in KERNELS}
+
+
+def test_a_warm_up_on_other_layouts_misses_engine_variants(launches):
+    """The check above can fail: a warm-up on unpadded stand-in pools (what it did before) misses
+    the keys of an engine whose page stride is not a multiple of 16 elements."""
+    dtype, state_dtype = torch.bfloat16, torch.float32
+    page = (W - 1) * C * 2 + HV * V * K * 4 + 24
+    w = torch.randn(C, W).to(dtype)
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
+    x, a, b = engine_inputs(200, "qwen3_5", dtype)
+    _, conv_p, ssm_p = vllm_cache_views(17, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    planner = DeviceTablePlanner(4, 256, 128, 4, 4)
+    table = torch.arange(1, 17, dtype=torch.int32).view(4, 4)
+    lay = planner.plan(np.array([0, 1, 150]), np.array([10, 0]), table[:2])
+    run_gdn_core(x[:160], a[:160], b[:160], w, None, A_log, dt_bias, conv_p, ssm_p,
+                 torch.zeros(160, HV, V, dtype=dtype), lay.num_decodes, lay.num_prefill_tokens,
+                 planner.decode_read, planner.decode_write, planner.prefill)
+    engine = set(launches)
+    launches.clear()
+    warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype)  # no layouts given
+    missed = {name for name, _ in engine - set(launches)}
+    assert "_chunk_seq_kernel" in missed, missed  # it specialises on the slot stride
+    launches.clear()
+    warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, like=(x, a, b),
+                    page_bytes=page, max_decode_rows=4)
+    assert not engine - set(launches)

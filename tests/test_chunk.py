@@ -256,22 +256,20 @@ def test_warm_equals_cold(device, dtype, pool_dtype):
     _warm_vs_cold(device, dtype, pool_dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_steps_equal_one_step(device, dtype):
-    """A prefill split into steps at multiples of 64 (block boundary or not) equals one step."""
-    HK, HV, K, V, B = 2, 4, 16, 32, 128
-    n0, L = 37, 320
-    inputs = make_inputs(L, HK, HV, K, V, dtype, device, seed=13)
+def _steps_vs_one_step(device, dtype, cuts, B, HK, HV, K, V, seed, plan_seed, pool_slots):
+    """A prefill over [cuts[0], cuts[-1]) run as one step, then as steps between the cuts (each
+    resuming from the previous step's final state): outputs, final state and every block
+    checkpoint bit-identical."""
+    n0, L = cuts[0], cuts[-1] - cuts[0]
+    inputs = make_inputs(L, HK, HV, K, V, dtype, device, seed=seed)
     q, k, v, a, b, A_log, dt_bias = inputs
-    pool = make_pool(32, HV, V, K, torch.float32, device)
-    reads, writes, ckpts = plan([(L, n0)], B, pool.shape[0], random.Random(9))
+    pool = make_pool(pool_slots, HV, V, K, torch.float32, device)
+    reads, writes, ckpts = plan([(L, n0)], B, pool.shape[0], random.Random(plan_seed))
     seed_states(pool, reads)
     before = pool.clone()
     one_out = run([(L, n0)], B, reads, writes, ckpts, inputs, pool).clone()
     one = pool.clone()
     pool.copy_(before)  # the one-step run put its first checkpoint into its read slot
-    # steps [37, 128) [128, 192) [192, 357): 128 is a block boundary, 192 only a chunk boundary
-    cuts = [n0, 128, 192, n0 + L]
     state, outs, state_at = reads[0], [], {}
     used = set(reads + writes + ckpts[0])
     free = [s for s in range(pool.shape[0]) if s not in used]
@@ -288,6 +286,14 @@ def test_chunked_steps_equal_one_step(device, dtype):
     assert torch.equal(bits(pool[state]), bits(one[writes[0]]))
     for e, s_one in enumerate(ckpts[0]):
         assert torch.equal(bits(pool[state_at[(n0 // B + 1 + e) * B]]), bits(one[s_one]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_steps_equal_one_step(device, dtype):
+    """A prefill split into steps at multiples of 64 (block boundary or not) equals one step."""
+    # steps [37, 128) [128, 192) [192, 357): 128 is a block boundary, 192 only a chunk boundary
+    _steps_vs_one_step(device, dtype, [37, 128, 192, 357], B=128, HK=2, HV=4, K=16, V=32,
+                       seed=13, plan_seed=9, pool_slots=32)
 
 
 def test_bad_inputs_raise(device):
@@ -465,34 +471,8 @@ def test_gpu_warm_equals_cold(gpu, pool_dtype):
 
 @pytest.mark.gpu
 def test_gpu_chunked_steps_equal_one_step(gpu):
-    HK, HV, K, V = GPU_DIMS.values()
-    B, n0, L = 256, 37, 4000
-    inputs = make_inputs(L, HK, HV, K, V, torch.bfloat16, gpu, seed=23)
-    q, k, v, a, b, A_log, dt_bias = inputs
-    pool = make_pool(64, HV, V, K, torch.float32, gpu)
-    reads, writes, ckpts = plan([(L, n0)], B, pool.shape[0], random.Random(2))
-    seed_states(pool, reads)
-    before = pool.clone()
-    one_out = run([(L, n0)], B, reads, writes, ckpts, inputs, pool).clone()
-    one = pool.clone()
-    pool.copy_(before)  # the one-step run put its first checkpoint into its read slot
-    cuts = [n0, 512, 512 + 320, 2048 + 64, n0 + L]
-    used = set(reads + writes + ckpts[0])
-    free = [s for s in range(pool.shape[0]) if s not in used]
-    state, outs, state_at = reads[0], [], {}
-    for s0, s1 in zip(cuts, cuts[1:]):
-        w = free.pop()
-        ck = [free.pop() for _ in range(num_checkpoints(s0, s1 - s0, B))]
-        state_at.update({(s0 // B + 1 + e) * B: c for e, c in enumerate(ck)})
-        state_at[s1] = w
-        sl = slice(s0 - n0, s1 - n0)
-        outs.append(run([(s1 - s0, s0)], B, [state], [w], [ck],
-                        tuple(t[sl] for t in (q, k, v, a, b)) + (A_log, dt_bias), pool).clone())
-        state = w
-    assert torch.equal(torch.cat(outs), one_out)
-    assert torch.equal(pool[state], one[writes[0]])
-    for e, s_one in enumerate(ckpts[0]):
-        assert torch.equal(pool[state_at[(n0 // B + 1 + e) * B]], one[s_one])
+    _steps_vs_one_step(gpu, torch.bfloat16, [37, 512, 512 + 320, 2048 + 64, 4037], B=256,
+                       **GPU_DIMS, seed=23, plan_seed=2, pool_slots=64)
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ Tests without a mark need no vLLM (a stand-in module plays it). Tests marked ``v
 """
 
 import importlib.metadata
+import inspect
 import sys
 import types
 
@@ -146,10 +147,6 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
     """Our Qwen3.5 classes, on stand-ins for vLLM's (whose module needs torchvision): the parent
     __init__ sees mode "align" (vLLM's refuses "all" there), the mode is "all" again afterwards,
     and switch_on_layers runs on the built model."""
-    import importlib
-    import sys
-    import types
-
     import torch.nn as nn
 
     seen = []
@@ -163,12 +160,13 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
     fake.Qwen3_5ForConditionalGeneration = fake.Qwen3_5MoeForConditionalGeneration = FakeParent
     monkeypatch.setitem(sys.modules, "vllm.model_executor.models.qwen3_5", fake)
     monkeypatch.delitem(sys.modules, "gdn_graphs.vllm._v026_qwen3_5", raising=False)
-    M = importlib.import_module("gdn_graphs.vllm._v026_qwen3_5")
+    M = importlib.import_module("gdn_graphs.vllm._v026_qwen3_5")  # with the stand-in parents
     switched = []
     monkeypatch.setattr(M, "switch_on_layers", lambda model, cfg: switched.append(model))
     try:
         for cls in (M.Qwen3_5AllForConditionalGeneration, M.Qwen3_5MoeAllForConditionalGeneration):
             assert cls.supports_mamba_prefix_caching is True
+            assert {"vllm_config", "prefix"} <= set(inspect.signature(cls).parameters)
             cfg = _fake_engine_config("Qwen3_5ForConditionalGeneration", mamba_cache_mode="all")
             model = cls(vllm_config=cfg)
             assert seen[-1] == "align" and cfg.cache_config.mamba_cache_mode == "all"
@@ -222,6 +220,8 @@ def test_layer_swap_and_backend(vllm_cpu):
     L.install_layer()  # idempotent
     assert L.GDNGraphsBackend.get_builder_cls() is L.GDNGraphsBuilder
     assert L.Qwen3NextAllForCausalLM.supports_mamba_prefix_caching is True
+    # vLLM's initialize_model passes prefix only to constructors whose signature names it
+    assert {"vllm_config", "prefix"} <= set(inspect.signature(L.Qwen3NextAllForCausalLM).parameters)
 
 
 @pytest.mark.vllm

@@ -228,9 +228,10 @@ def _chunk_intra_kernel(
     tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
 
     # (I + A)^-1. First D, the inverse of A's block diagonal: the four 16 x 16 diagonal blocks as
-    # a [4, 16, 16] batch, Ad[i] = A[16i:16i+16, 16i:16i+16], inverted by forward substitution on all four at once. X = D - I is strictly lower and row r of X is
-    # -Ad[r] - sum_{j<r} Ad[r, j] X[j]; rows >= r of X still hold -Ad, whose entries at j >= r are
-    # zero, so the full sum is right. (On the masked 64 x 64 tile this loop was 3.3x the PTX and
+    # a [4, 16, 16] batch, Ad[i] = A[16i:16i+16, 16i:16i+16], inverted by forward substitution on
+    # all four at once. X = D - I is strictly lower and row r of X is -Ad[r] - sum_{j<r} Ad[r, j]
+    # X[j]; rows >= r of X still hold -Ad, whose entries at j >= r are zero, so the full sum is
+    # right. (On the masked 64 x 64 tile this loop was 3.3x the PTX and
     # had barriers; the batch made the kernel 1.6x faster on an H200.)
     i4 = tl.arange(0, 4)
     on_diag = (i4[:, None] == i4[None, :])[:, None, :, None]

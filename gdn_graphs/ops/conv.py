@@ -125,8 +125,8 @@ def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x
 
 
 # Not specialised on (see chunk.py's intra kernel): T, the planner's limits, and the pool's slot
-# stride, which is a stand-in's in a warm-up (an engine's page stride is known only later) and is
-# only used for the few window loads and checkpoint stores per sequence.
+# stride (an engine's page size; it only addresses the few window loads and checkpoint stores per
+# sequence, where an alignment proof buys nothing).
 @triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
 @triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "stride_ss"])
 def _conv_prefill_kernel(

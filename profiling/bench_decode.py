@@ -190,13 +190,23 @@ def bench_ours(bench, gdn_decode, B, budget, target, sweep):
     res.update(ms=t, TBps=total_bytes / t / 1e9)
     res["eager_single_call_ms"] = bench.ms(fns[0])
 
+    # the same launches with programmatic dependent launch (each kernel's slot and state loads
+    # overlap the previous kernel)
+    fns_pdl = [call(j, pdl=True) for j in range(M)]
+    fns_pdl[0]()
+    t = bench.per_call_ms(fns_pdl)
+    res.update(ms_pdl=t, TBps_pdl=total_bytes / t / 1e9)
+
     # the layer stack: layer l uses pool l % P (one pool per layer when P == 36)
     stack = [call(l) for l in range(LAYERS)]
     res["stack_eager_ms"] = bench.ms(lambda: [f() for f in stack])
     g = bench.graph(stack)
     res["stack_graph_ms"] = bench.ms(g.replay)
     res["stack_speedup"] = res["stack_eager_ms"] / res["stack_graph_ms"]
-    del g
+    g = bench.graph(fns_pdl[:LAYERS] if M >= LAYERS else [call(l, pdl=True) for l in range(LAYERS)])
+    res["stack_graph_pdl_ms"] = bench.ms(g.replay)
+    res["stack_speedup_pdl"] = res["stack_eager_ms"] / res["stack_graph_pdl_ms"]
+    del g, fns_pdl
 
     sweep_rows = []
     if sweep:
@@ -222,6 +232,50 @@ def bench_ours(bench, gdn_decode, B, budget, target, sweep):
     del pools, scratch, fns, stack
     release(torch)
     return res, check
+
+
+def latency_floor(bench, B):
+    """What a stack of 36 launches costs when the kernels do (almost) nothing, at decode's grid and
+    tile for B rows: an empty kernel, and a kernel that only copies each program's [BV, K] state
+    tile from its read slot to its write slot (the two dependent loads every decode program makes:
+    slot, then state). Same graph replay and timing as the stack."""
+    torch, triton = bench.torch, bench.triton
+    import triton.language as tl
+    from gdn_graphs.ops.decode import default_config
+
+    @triton.jit
+    def empty_kernel(x_ptr):
+        pass
+
+    @triton.jit
+    def slot_copy_kernel(pool, rs_ptr, ws_ptr, stride_s, K: tl.constexpr, V: tl.constexpr,
+                         BV: tl.constexpr):
+        i_n, i_j = tl.program_id(0), tl.program_id(1)
+        NV: tl.constexpr = V // BV
+        o = (i_j // NV) * V * K + ((i_j % NV) * BV + tl.arange(0, BV))[:, None] * K \
+            + tl.arange(0, K)[None, :]
+        rs = tl.load(rs_ptr + i_n).to(tl.int64)
+        ws = tl.load(ws_ptr + i_n).to(tl.int64)
+        tl.store(pool + ws * stride_s + o, tl.load(pool + rs * stride_s + o))
+
+    BV, nw = default_config(K, V, B, torch.float32)
+    grid = (B, HV * (V // BV))
+    pools = [torch.zeros(2 * B, HV, V, K, device=DEVICE) for _ in range(LAYERS)]
+    rs = torch.arange(B, dtype=torch.int32, device=DEVICE)
+    ws = rs + B
+    x = torch.zeros(1, device=DEVICE)
+    empty = [lambda: empty_kernel[grid](x, num_warps=nw) for _ in range(LAYERS)]
+    copy = [lambda p=p: slot_copy_kernel[grid](p, rs, ws, p.stride(0), K=K, V=V, BV=BV,
+                                               num_warps=nw) for p in pools]
+    empty[0](), copy[0]()
+    out = {}
+    for name, fns in (("empty", empty), ("slot_copy", copy)):
+        g = bench.graph(fns)
+        out[f"stack_graph_{name}_ms"] = bench.ms(g.replay)
+        del g
+    del pools
+    release(torch)
+    return out
 
 
 def load_fla():
@@ -348,9 +402,19 @@ def print_table(results):
     for B, best in results["sweep_best"].items():
         print(f"sweep B={B}: best BV={best['BV']} num_warps={best['num_warps']} "
               f"{best['TBps']:.2f} TB/s ({100 * best['TBps'] / copy:.1f}% of copy)")
-    s1 = results.get("graph_speedup_B1")
+    for r in results["ours"]:
+        print(f"B={r['B']:>5} with pdl: {r['ms_pdl'] * 1e3:7.1f} us/layer "
+              f"({100 * r['TBps_pdl'] / copy:5.1f}% of copy), stack graph "
+              f"{r['stack_graph_pdl_ms']:.3f} ms ({r['stack_speedup_pdl']:.1f}x eager)")
+    s1, s1p = results.get("graph_speedup_B1"), results.get("graph_speedup_B1_pdl")
     if s1 is not None:
-        print(f"graph/eager speedup of the {LAYERS}-layer stack at B=1: {s1:.1f}x (goal >= 20x)")
+        print(f"graph/eager speedup of the {LAYERS}-layer stack at B=1: {s1:.1f}x, "
+              f"{s1p:.1f}x with pdl (goal >= 20x)")
+    fl = results.get("latency_floor_B1")
+    if fl:
+        print(f"{LAYERS} launches at B=1's grid in one graph: empty kernel "
+              f"{fl['stack_graph_empty_ms'] * 1e3:.1f} us, slot->state copy kernel "
+              f"{fl['stack_graph_slot_copy_ms'] * 1e3:.1f} us")
     if results.get("fla_error"):
         print(f"fla: {results['fla_error']}")
 
@@ -413,6 +477,8 @@ def main(argv=None):
             results["sweep_best"][r["B"]] = dict(best, ratio_to_copy=ratio)
     b1 = [r for r in ours if r["B"] == 1]
     results["graph_speedup_B1"] = b1[0]["stack_speedup"] if b1 else None
+    results["graph_speedup_B1_pdl"] = b1[0]["stack_speedup_pdl"] if b1 else None
+    results["latency_floor_B1"] = latency_floor(bench, 1)
 
     print_table(results)
     json_path = args.out / "bench_decode.json"

@@ -3,7 +3,7 @@
 # packed into $OUT/session.tgz (the device returns at most 8 files).
 #   run(command="bash profiling/gpu_session.sh tests bench demo", carry=[".whl"])
 # Targets: tests (pytest -m gpu; TEST_K=expr selects), bench (decode + prefill), sweep (prefill
-# launch knobs only), demo (gdn-graphs demo at full size). .whl holds wheels the GPU image lacks
+# launch knobs only; BENCHES="bench_decode" picks), demo (gdn-graphs demo at full size). .whl holds wheels the GPU image lacks
 # (nvtx, fla-core) for Python 3.12; see profiling/README.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=/tmp/session; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -21,7 +21,7 @@ for what in ${@:-tests bench}; do
              -rP --junitxml="$W/gpu_tests.xml" tests > "$W/gpu_tests.log" 2>&1; rc=$?
            grep -E "^(PASSED|FAILED|ERROR)|speedup|passed|failed" "$W/gpu_tests.log" | tail -30 ;;
     bench) rc=0
-           for b in bench_decode bench_prefill; do
+           for b in ${BENCHES:-bench_decode bench_prefill}; do
              extra=; [ $b = bench_prefill ] && extra=--no-sweep
              timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$W" $extra > "$W/$b.log" 2>&1 || rc=$?
              tail -22 "$W/$b.log" | tr '\r' '\n' | grep -v "it/s\]"

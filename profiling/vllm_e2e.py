@@ -66,6 +66,23 @@ def gpu_profile(fn, path):
     return res
 
 
+def triton_compiles_since(t0):
+    """Triton kernels compiled after wall time t0, from the metadata files in TRITON_CACHE_DIR
+    (one ``<hash>/<kernel>.json`` per compile; the session gives each engine a fresh directory):
+    [(seconds after t0, kernel name)], or None when the variable is not set."""
+    root = os.environ.get("TRITON_CACHE_DIR")
+    if not root or not os.path.isdir(root):
+        return None
+    found = []
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".json") and not f.startswith("__grp__"):
+                mt = os.path.getmtime(os.path.join(d, f))
+                if mt > t0:
+                    found.append((round(mt - t0, 2), f[:-5]))
+    return sorted(found)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -122,6 +139,7 @@ def main(argv=None):
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
               **({"language_model_only": True} if a.language_model_only else {}))
     start_s = time.perf_counter() - t0
+    t_up = time.time()  # wall clock, to compare with file times
     vcfg = llm.llm_engine.vllm_config
     cc = vcfg.cache_config
     B = cc.block_size
@@ -163,25 +181,31 @@ def main(argv=None):
 
     want = set(a.scenarios.split(","))
     S = res["scenarios"]
+    marks = res["scenario_start_s"] = {}  # seconds after engine start, to place Triton compiles
     if "repeat" in want:
+        marks["repeat"] = round(time.time() - t_up, 2)
         p = ids(rng, a.prefix_len, vocab) + ids(rng, 100, vocab)
         runs = [run(p, a.gen) for _ in range(3)]
         S["repeat"] = {"runs": runs, "expected_reuse": whole_blocks(len(p), len(p))}
     if "shared" in want:
+        marks["shared"] = round(time.time() - t_up, 2)
         s = ids(rng, a.shared_len, vocab)
         pa, pb = s + ids(rng, 300, vocab), s + ids(rng, 300, vocab)
         S["shared"] = {"runs": [run(pa, a.gen), run(pb, a.gen)],
                        "expected_reuse": whole_blocks(len(s), len(pb)), "shared_len": len(s)}
     if "system" in want:
+        marks["system"] = round(time.time() - t_up, 2)
         s = ids(rng, a.system_len, vocab)
         qs = [s + ids(rng, 200, vocab) for _ in range(3)]
         S["system"] = {"runs": [run(q, a.gen) for q in qs],
                        "expected_reuse": whole_blocks(len(s), len(qs[1])), "shared_len": len(s)}
     if "ttft" in want:
+        marks["ttft"] = round(time.time() - t_up, 2)
         p = ids(rng, a.ttft_len, vocab)
         cold, warm = run(p, 1), run(p, 1)
         S["ttft"] = {"cold": cold, "warm": warm}
     if "decode" in want:
+        marks["decode"] = round(time.time() - t_up, 2)
         # warm-up: the same batch shape once, so every kernel variant the measured runs launch
         # (mixed prefill+decode steps included) is compiled before the clock starts
         ps = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
@@ -221,6 +245,7 @@ def main(argv=None):
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
             S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
                                                      a.gpu_profile)
+    res["triton_compiles_after_start"] = triton_compiles_since(t_up)
     with open(a.out, "w") as f:
         json.dump(res, f)
     print(f"wrote {a.out}", flush=True)

@@ -89,6 +89,24 @@ def main(argv=None):
         agree = ("same" if not diffs else f"{len(diffs)} differ") + f" ({ref})"
         print(f"{name:<22} {row['mode']:<6} {row['block']:>4} {row['start_s']:>7}  "
               f"{' '.join(reuse):<45} {ttft:>16}  {dec if dec else '-':>12}  {agree}")
+    # time to first token of every run, and Triton compiles after the engine was up (each placed
+    # in the scenario that was running; a compile inside a timed request is a latency spike)
+    for name, r in res.items():
+        row = summary["configs"][name]
+        ttfts = {k: [x.get("ttft_s") for x in v["runs"]] for k, v in r["scenarios"].items()
+                 if k in ("repeat", "shared", "system")}
+        row["ttft_s_per_run"] = ttfts
+        comp = r.get("triton_compiles_after_start")
+        if comp is not None:
+            marks = sorted((t, k) for k, t in r.get("scenario_start_s", {}).items())
+            where = {}
+            for t, kernel in comp:
+                sc = ([k for m, k in marks if m <= t] or ["start-up"])[-1]
+                where.setdefault(sc, {}).setdefault(kernel, 0)
+                where[sc][kernel] += 1
+            row["triton_compiles_after_start"] = where
+        print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
+              f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     return 0

@@ -35,8 +35,10 @@ T=${E2E_TIMEOUT:-480}
 
 e2e() {  # e2e NAME MODEL args...
   local name=$1 model=$2; shift 2
-  timeout "$T" python3 profiling/vllm_e2e.py --model "$model" --out "$D/$name.json" "$@" \
-    > "$D/$name.log" 2>&1
+  # a fresh Triton cache per engine: vllm_e2e.py lists the kernels compiled after start-up
+  rm -rf "/tmp/tc_$name"
+  TRITON_CACHE_DIR=/tmp/tc_$name timeout "$T" python3 profiling/vllm_e2e.py --model "$model" \
+    --out "$D/$name.json" "$@" > "$D/$name.log" 2>&1
   echo "$name: rc $? ($(grep -c 'Capturing CUDA graphs' "$D/$name.log") capture lines)"
 }
 

@@ -48,7 +48,10 @@ class RerunBackend:
         pass
 
 
-def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backend=None, seed=0):
+def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backend=None, seed=0,
+                pdl=False):
+    """pdl: the graphs launch the decode kernel with programmatic dependent launch; the eager
+    run they are compared with does not."""
     W, B = 4, 64
     C = 2 * HK * K + HV * V
     max_rows = max(buckets)
@@ -66,21 +69,23 @@ def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backen
     ab = torch.zeros(max_rows, 2 * HV, dtype=dtype, device=device)
     rs, ws = planner.decode_read, planner.decode_write
 
-    def step(n):
+    def step(n, pdl=False):
         outs = []
         for l in range(layers):
             y = conv_decode(x[:n], conv_w[l], None, conv[l], rs, ws)
             q = y[:, :HK * K].unflatten(1, (HK, K))
             k = y[:, HK * K:2 * HK * K].unflatten(1, (HK, K))
             v = y[:, 2 * HK * K:].unflatten(1, (HV, V))
-            outs.append(gdn_decode(q, k, v, ab[:n, :HV], ab[:n, HV:], A_log[l], dt_bias[l], ssm[l], rs, ws))
+            outs.append(gdn_decode(q, k, v, ab[:n, :HV], ab[:n, HV:], A_log[l], dt_bias[l], ssm[l], rs, ws,
+                                   pdl=pdl))
         return outs
 
+    graph_step = lambda n: step(n, pdl)  # noqa: E731
     gm = GraphManager(buckets, debug_ptrs=True, backend=backend)
     if isinstance(backend, RerunBackend):
-        backend.fn = step
+        backend.fn = graph_step
     planner.plan([], [], [])  # capture on an empty plan: every slot -1, no state touched
-    gm.capture("decode", step, inputs=lambda: [*planner.buffers(), x, ab, *ssm, *conv], progress=False)
+    gm.capture("decode", graph_step, inputs=lambda: [*planner.buffers(), x, ab, *ssm, *conv], progress=False)
     if isinstance(backend, RerunBackend):
         for key, entry in gm.captured.items():
             entry.graph.update(outputs=entry.outputs, size=key.size)
@@ -108,7 +113,7 @@ def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backen
         after_eager = [p.clone() for p in pools]
         for p, b in zip(pools, before):
             p.copy_(b)
-        outs, size = gm.run("decode", rows, step)
+        outs, size = gm.run("decode", rows, graph_step)
         assert size == pad, (it, size, pad)
         for l, (o, e) in enumerate(zip(outs, eager)):
             assert torch.equal(o[:pad], e), f"replay {it}, layer {l}: output differs from eager"
@@ -126,7 +131,17 @@ def test_decode_stack_replay_logic_cpu():
 
 
 @pytest.mark.gpu
-def test_gpu_36_layer_decode_stack_replays_bit_identical(gpu):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_gpu_36_layer_decode_stack_replays_bit_identical(pdl, gpu):
     gm = check_stack(gpu, layers=36, HK=16, HV=32, K=128, V=128, buckets=(1, 2, 4, 8, 16, 32, 64),
-                     replays=120, dtype=torch.bfloat16)
+                     replays=120 if not pdl else 100, dtype=torch.bfloat16, pdl=pdl)
     assert len(gm.captured) == 7
+
+
+def test_pdl_needs_a_cuda_device():
+    x = torch.zeros(1, 1, 16)
+    ab = torch.zeros(1, 1)
+    slot = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="pdl=True needs a CUDA device"):
+        gdn_decode(x, x, x, ab, ab, torch.zeros(1), torch.zeros(1), torch.zeros(1, 1, 16, 16),
+                   slot, slot, pdl=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_graphs.constants import NO_SLOT
 
@@ -79,6 +80,17 @@ def _delta_step(b_h, b_q, b_k, b_v, g, beta):
     return b_h, b_o
 
 
+@triton.jit
+def _wait_for_previous_kernel():
+    """Programmatic dependent launch: everything above this call may overlap the previous kernel
+    in the stream, everything below sees all of its writes. Above it the kernel reads only what no
+    kernel of the same step writes: the slot tables (copied in before the step), the layer's
+    weights and its own pool's read slots (written by this layer in an earlier step). Then let the
+    next kernel start its own prologue; it waits in turn before reading anything we write."""
+    gdc_wait()
+    gdc_launch_dependents()
+
+
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
     "BK": lambda args: triton.next_power_of_2(args["K"]),
@@ -92,7 +104,7 @@ def _gdn_decode_kernel(
     stride_s, stride_ws, Tmax,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_j = tl.program_id(1)
@@ -122,6 +134,8 @@ def _gdn_decode_kernel(
         eos = tl.load(cu_seqlens + i_n + 1)
         # state is loaded once; a 0-token row skips the loop and touches nothing else
         b_h = tl.load(p_read, mask=mask_h & (rs >= 0) & (eos > bos), other=0.).to(tl.float32)
+        if USE_PDL:
+            _wait_for_previous_kernel()
         # a while loop, not range(bos, eos): runtime trip counts the same on the GPU, and the
         # Triton interpreter under numpy >= 2 cannot turn a loaded scalar into a range bound
         t = bos
@@ -143,9 +157,11 @@ def _gdn_decode_kernel(
     else:
         ws = tl.load(write_slot_ptr + i_n)
         p_o = o_ptr + i_n.to(tl.int64) * stride_ot + i_hv * V + o_v
+        # issue the big state load first (masked off, it costs nothing for a padded row)
+        b_h = tl.load(p_read, mask=mask_h & (rs >= 0), other=0.).to(tl.float32)
+        if USE_PDL:
+            _wait_for_previous_kernel()
         if (rs >= 0) | (ws >= 0):
-            # issue the big state load first; the token's inputs are in flight meanwhile
-            b_h = tl.load(p_read, mask=mask_h & (rs >= 0), other=0.).to(tl.float32)
             b_q, b_k, b_v, g, beta = _load_token(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_n, i_hk, i_hv, neg_A, dt_bias,
                 stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
@@ -261,6 +277,16 @@ def _check_slots(name, t, n, dev, ndim=1):
         _fail(f"{name} is on {t.device}, q is on {dev}")
 
 
+def _check_pdl(pdl, dev):
+    if not pdl:
+        return
+    if dev.type != "cuda" or torch.version.hip is not None:
+        _fail(f"pdl=True needs a CUDA device, got {dev}")
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        _fail(f"pdl=True needs compute capability 9.0 or newer, got "
+              f"{torch.cuda.get_device_capability(dev)}")
+
+
 def _resolve_config(K, V, N, ssm, BV, num_warps):
     dBV, dnw = default_config(K, V, N, ssm.dtype)
     BV = dBV if BV is None else BV
@@ -277,7 +303,7 @@ def _resolve_config(K, V, N, ssm, BV, num_warps):
 # --------------------------------------------------------------------------------------------
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
-               *, BV=None, num_warps=None):
+               *, BV=None, num_warps=None, pdl=False):
     """One GDN decode token per row, state read from and written to a slot pool.
 
     Args:
@@ -297,25 +323,31 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
                      every element is written. Allocated when None.
         scale:       q scale after l2norm, default K ** -0.5.
         BV, num_warps: tile height and warps per program (defaults: ``default_config``).
+        pdl:         launch with programmatic dependent launch (CUDA, sm_90+): the slot and state
+                     loads overlap the previous kernel in the stream, and the next kernel may
+                     start before this one ends. Requires that the kernel just before this one
+                     does not write this launch's read slots (true when each layer owns its
+                     pool). Pays off for back-to-back small launches, e.g. batch 1 in a graph.
     Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
     """
     N, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
+    _check_pdl(pdl, q.device)
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slot", write_slot, N, q.device)
     BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
-                   N, scale, BV, num_warps)
+                   N, scale, BV, num_warps, pdl)
 
 
 def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,
-                     out=None, scale=None, *, BV=None, num_warps=None):
+                     out=None, scale=None, *, BV=None, num_warps=None, pdl=False):
     """A few GDN tokens per row (varlen), state kept in registers across each row's tokens.
 
     Args:
         q, k [T, HK, K], v [T, HV, V], a, b [T, HV], A_log, dt_bias [HV], ssm, scale, BV,
-        num_warps: as in ``gdn_decode`` (T is the total token count of the batch).
+        num_warps, pdl: as in ``gdn_decode`` (T is the total token count of the batch).
         cu_seqlens:  int32 [N + 1]; row i owns tokens cu_seqlens[i] .. cu_seqlens[i+1]. A row with
                      0 tokens is padding and touches nothing (no output rows belong to it).
         read_slot:   int32 [>= N]; row i starts from ssm[read_slot[i]] (-1: zeros).
@@ -325,6 +357,7 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
     Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
     """
     T, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
+    _check_pdl(pdl, q.device)
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         _fail("cu_seqlens must be a 1-d int32 tensor [N + 1]")
     N = cu_seqlens.shape[0] - 1
@@ -335,11 +368,11 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-                   write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps)
+                   write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps, pdl)
 
 
 def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-            write_stride, write_width, N, scale, BV, num_warps):
+            write_stride, write_width, N, scale, BV, num_warps, pdl):
     """One launch of the kernel over N rows (checks already done; nothing here syncs)."""
     if N == 0:
         return out
@@ -353,6 +386,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         ssm.stride(0), write_stride, write_width,
         scale,
-        HK=HK, HV=HV, K=K, V=V, BV=BV, num_warps=num_warps,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out

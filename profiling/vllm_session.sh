@@ -59,7 +59,7 @@ case $target in
     for who in plugin vllm; do
       p=on; [ $who = vllm ] && p=off
       e2e ${target}_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching $pc --graphs on \
-          --kv-cache-gib 20 --scenarios ttft,decode --decode-batch 64 --decode-tokens 512
+          --kv-cache-gib 20 --scenarios ttft,shared,system,decode --decode-batch 64 --decode-tokens 512
     done
     # if the plugin decodes slower, profile the host side of both (engine in-process, cProfile)
     slower=$(python3 -c "

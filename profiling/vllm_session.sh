@@ -56,7 +56,7 @@ case $target in
     wait ;;
   speed|speed_nopc)  # prefix caching on (plugin "all" vs vLLM "align") or off (both "none")
     pc=on; [ $target = speed_nopc ] && pc=off
-    for who in plugin vllm; do
+    for who in ${WHO:-plugin vllm}; do
       p=on; [ $who = vllm ] && p=off
       e2e ${target}_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching $pc --graphs on \
           --kv-cache-gib 20 --scenarios ttft,shared,system,decode --decode-batch 64 --decode-tokens 512

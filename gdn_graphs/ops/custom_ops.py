@@ -92,7 +92,7 @@ def run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_p
     """
     from gdn_graphs.ops.chunk import gdn_chunk_prefill
     from gdn_graphs.ops.conv import conv_decode, conv_prefill
-    from gdn_graphs.ops.decode import gdn_decode
+    from gdn_graphs.ops.decode import gdn_decode, pdl_supported
 
     T = mixed_qkv.shape[0]
     _, HV, V, K = ssm_pool.shape
@@ -105,7 +105,10 @@ def run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_p
         rs, ws = decode_read[:nd], decode_write[:nd]
         conv_decode(mixed_qkv[:nd], conv_weight, conv_bias, conv_pool, rs, ws, out=conv_out[:nd])
         q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
-        gdn_decode(q, k, v, a[:nd], b[:nd], A_log, dt_bias, ssm_pool, rs, ws, out=out[:nd])
+        # programmatic dependent launch: the state loads overlap conv_decode, which writes only
+        # the conv pool and conv_out (the state pool's write slots are read by no row)
+        gdn_decode(q, k, v, a[:nd], b[:nd], A_log, dt_bias, ssm_pool, rs, ws, out=out[:nd],
+                   pdl=pdl_supported(q.device))
     if tp:
         sl = slice(nd, nd + tp)
         conv_prefill(mixed_qkv[sl], conv_weight, conv_bias, conv_pool, prefill, out=conv_out[sl])

@@ -26,6 +26,9 @@ must be distinct and no row may read a slot that another row writes.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,7 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_graphs.constants import NO_SLOT
 
-__all__ = ["gdn_decode", "gdn_decode_multi", "default_config"]
+__all__ = ["gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported"]
 
 # the kernel tests "slot >= 0"; it relies on NO_SLOT being the only negative slot value
 assert NO_SLOT == -1
@@ -277,14 +280,19 @@ def _check_slots(name, t, n, dev, ndim=1):
         _fail(f"{name} is on {t.device}, q is on {dev}")
 
 
+@functools.lru_cache(maxsize=None)
+def pdl_supported(dev: torch.device) -> bool:
+    """Whether ``pdl=True`` can be used on ``dev``: a CUDA (not ROCm) device of compute capability
+    9.0 or newer, and kernels not run by the Triton interpreter."""
+    return (dev.type == "cuda" and torch.version.hip is None
+            and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(dev) >= (9, 0))
+
+
 def _check_pdl(pdl, dev):
-    if not pdl:
-        return
-    if dev.type != "cuda" or torch.version.hip is not None:
-        _fail(f"pdl=True needs a CUDA device, got {dev}")
-    if torch.cuda.get_device_capability(dev) < (9, 0):
-        _fail(f"pdl=True needs compute capability 9.0 or newer, got "
-              f"{torch.cuda.get_device_capability(dev)}")
+    if pdl and not pdl_supported(dev):
+        _fail(f"pdl=True needs a CUDA device of compute capability 9.0 or newer (and no Triton "
+              f"interpreter), got {dev}")
 
 
 def _resolve_config(K, V, N, ssm, BV, num_warps):

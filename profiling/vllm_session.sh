@@ -16,6 +16,10 @@ OUT=${OUT:-/tmp/out}
 D=$OUT/vllm_$target
 mkdir -p "$D"
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
+# a previous target's engine processes can outlive their parent (vllm_e2e.py skips vLLM's teardown)
+# and hold the GPUs' memory (seen: TP 2 workers, then "Free memory on device ... less than desired")
+nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
+sleep 2
 # the plugin is found through its entry point, so the package must be installed (no network: no deps)
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$D/pip.log" 2>&1 || cat "$D/pip.log"
 has_ep() { python3 -c "import importlib.metadata as m, sys; eps=[e.value for e in m.entry_points(group='vllm.general_plugins')]; print('plugins:', eps); sys.exit('gdn_graphs.vllm:register' not in eps)"; }

@@ -21,14 +21,72 @@ def first_diff(a, b):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def our_kernel_names() -> set:
+    """The names of gdn_graphs' Triton kernels (what Triton's cache files are named after)."""
+    import importlib
+
+    import triton
+    names = set()
+    for mod in ("gdn_graphs.ops.decode", "gdn_graphs.ops.conv", "gdn_graphs.ops.chunk"):
+        for attr, obj in vars(importlib.import_module(mod)).items():
+            if isinstance(obj, triton.runtime.KernelInterface):
+                names.add(attr)
+    return names
+
+
+def check(res: dict) -> list:
+    """What issue 5's end-to-end runs must show, as a list of failures (empty: all good).
+
+    * an engine with the plugin and prefix caching on runs in mamba cache mode "all", and every
+      later request of the repeat / shared / system scenarios reuses exactly the expected tokens
+      (the shared prefix rounded down to whole blocks);
+    * no gdn_graphs kernel was compiled after the engine was up (where recorded);
+    * float32 engines generate the same greedy tokens, scenario by scenario, whatever their
+      prefix-caching and CUDA-graph settings (bf16 is exempt: near-tied logits flip).
+    """
+    problems, fp32, ours = [], {}, our_kernel_names()
+    for name, r in sorted(res.items()):
+        c, sc = r["config"], r["scenarios"]
+        if c.get("plugin") == "on" and c.get("prefix_caching") == "on":
+            if r["mamba_cache_mode"] != "all":
+                problems.append(f"{name}: mamba cache mode {r['mamba_cache_mode']!r}, not 'all'")
+            for key in ("repeat", "shared", "system"):
+                if key in sc:
+                    got = [x["num_cached_tokens"] for x in sc[key]["runs"][1:]]
+                    if any(g != sc[key]["expected_reuse"] for g in got):
+                        problems.append(f"{name}: {key} reused {got}, expected "
+                                        f"{sc[key]['expected_reuse']} each")
+        if c.get("plugin") == "on":
+            late = sorted({k for _, k in r.get("triton_compiles_after_start") or [] if k in ours})
+            if late:
+                problems.append(f"{name}: gdn_graphs kernels compiled after start-up: {late}")
+        if c.get("dtype") == "float32":
+            runs = {k: v["runs"] for k, v in sc.items() if "runs" in v}
+            if "ttft" in sc:
+                runs["ttft"] = [sc["ttft"]["cold"], sc["ttft"]["warm"]]
+            fp32[name] = {k: [x["tokens"] for x in v] for k, v in runs.items()}
+    names = sorted(fp32)
+    for n in names[1:]:
+        for key in sorted(set(fp32[n]) & set(fp32[names[0]])):
+            if fp32[n][key] != fp32[names[0]][key]:
+                problems.append(f"{n}: float32 tokens of {key!r} differ from {names[0]}")
+    return problems
+
+
+def load(d) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(d).glob("*.json"))
+            if p.stem != "summary"}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--ref")
     ap.add_argument("--json")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless the runs show what issue 5 asks (see check())")
     a = ap.parse_args(argv)
-    res = {p.stem: json.loads(p.read_text()) for p in sorted(Path(a.dir).glob("*.json"))
-           if p.stem != "summary"}
+    res = load(a.dir)
     if not res:
         print("no results")
         return 1
@@ -109,6 +167,10 @@ def main(argv=None):
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
+    if a.check:
+        problems = check(res)
+        print("check: " + ("passed" if not problems else "FAILED\n  " + "\n  ".join(problems)))
+        return 1 if problems else 0
     return 0
 
 

@@ -2,6 +2,7 @@
 # vLLM end to end on the device machine (issue 5). Run from the project root after the two parts of
 # ../shared/tools/vllm_stage.sh are unpacked into /tmp/site (see profiling/README.md).
 #
+#   bash profiling/vllm_session.sh pytest        # tests/test_vllm_e2e.py (-m vllm_gpu)
 #   bash profiling/vllm_session.sh correctness   # 4 plugin configs + vLLM's own mode, side by side
 #   bash profiling/vllm_session.sh speed         # plugin vs vLLM's own mode, one after the other
 #   bash profiling/vllm_session.sh speed_nopc    # the same without prefix caching
@@ -47,6 +48,9 @@ e2e() {  # e2e NAME MODEL args...
 }
 
 case $target in
+  pytest)  # tests/test_vllm_e2e.py: three float32 plugin engines and vllm_report's check
+    timeout "$T" python3 -m pytest -m vllm_gpu -q -p no:cacheprovider -rA tests/test_vllm_e2e.py \
+      > "$D/pytest.log" 2>&1; echo "pytest: rc $?"; tail -5 "$D/pytest.log" ;;
   correctness)
     # fp32: the plugin in four configurations (vLLM 0.26's own GDN prefill refuses fp32);
     # bf16: the plugin next to vLLM's own "align" mode. Engines side by side: fixed KV memory.
@@ -109,6 +113,6 @@ for f in "$D"/*.log; do
   echo "== $(basename "$f"): $(grep -m2 -E 'GDN layers run on|Traceback|Error:' "$f" | cut -c1-160 | tr '\n' '|')"
   grep -E "Capturing CUDA graphs|cudagraph_mode|CUDAGraphMode" "$f" | head -3 | cut -c1-200
 done
-python3 profiling/vllm_report.py "$D" --json "$D/summary.json"
+python3 profiling/vllm_report.py "$D" --json "$D/summary.json" --check
 tar czf "$OUT/vllm_$target.tgz" -C "$OUT" "vllm_$target"
 cp "$D/summary.json" "$OUT/vllm_${target}_summary.json" 2>/dev/null || true

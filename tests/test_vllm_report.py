@@ -1,0 +1,66 @@
+"""The end-to-end check of profiling/vllm_report.py on recorded H200 runs (no GPU or vLLM needed):
+the recorded runs pass, and each kind of failure it exists to catch is caught."""
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "profiling" / "results"
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("vllm_report", ROOT / "profiling" / "vllm_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def correctness(report):
+    # four float32 plugin engines (prefix caching x graphs) and two bf16 ones, 2026-11-29
+    return report.load(RESULTS / "2026-11-29" / "vllm_correctness")
+
+
+def test_our_kernel_names(report):
+    names = report.our_kernel_names()
+    assert {"_gdn_decode_kernel", "_chunk_intra_kernel", "_conv_prefill_kernel"} <= names
+
+
+@pytest.mark.parametrize("run", ["2026-11-29/vllm_correctness", "2026-11-30/s4_vllm_qwen3_5",
+                                 "2026-11-30/s4_vllm_tp2", "2026-11-30/s4_vllm_speed"])
+def test_recorded_runs_pass(report, run):
+    res = report.load(RESULTS / run)
+    assert res and report.check(res) == []
+
+
+def test_wrong_reuse_is_caught(report, correctness):
+    res = copy.deepcopy(correctness)
+    res["fp32_plugin_pc_graphs"]["scenarios"]["shared"]["runs"][1]["num_cached_tokens"] -= 192
+    assert report.check(res) == ["fp32_plugin_pc_graphs: shared reused [19392], expected 19584 each"]
+
+
+def test_fp32_token_difference_is_caught_bf16_is_not(report, correctness):
+    res = copy.deepcopy(correctness)
+    res["fp32_plugin_pc_eager"]["scenarios"]["repeat"]["runs"][2]["tokens"][5] += 1
+    res["bf16_plugin_pc_graphs"]["scenarios"]["repeat"]["runs"][2]["tokens"][5] += 1
+    assert report.check(res) == ["fp32_plugin_pc_eager: float32 tokens of 'repeat' differ from "
+                                 "fp32_plugin_nopc_eager"]
+
+
+def test_late_compile_of_our_kernel_is_caught(report, correctness):
+    res = copy.deepcopy(correctness)
+    res["bf16_plugin_pc_graphs"]["triton_compiles_after_start"] = [
+        [1.0, "fused_moe_kernel"], [2.0, "_chunk_intra_kernel"]]
+    res["bf16_vllm_pc_graphs"]["triton_compiles_after_start"] = [[1.0, "_chunk_intra_kernel"]]
+    assert report.check(res) == ["bf16_plugin_pc_graphs: gdn_graphs kernels compiled after "
+                                 "start-up: ['_chunk_intra_kernel']"]
+
+
+def test_plugin_not_in_all_mode_is_caught(report, correctness):
+    res = copy.deepcopy(correctness)
+    res["fp32_plugin_pc_eager"]["mamba_cache_mode"] = "align"
+    assert report.check(res)[0] == "fp32_plugin_pc_eager: mamba cache mode 'align', not 'all'"

@@ -51,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="half the memory, touched bytes and timing repetitions; a smaller sweep")
     p.add_argument("--no-fla", action="store_true", help="skip the fla-core comparison")
+    p.add_argument("--replot", type=Path, metavar="JSON",
+                   help="only redraw DIR/bench_decode.png from a recorded bench_decode.json")
     return p.parse_args(argv)
 
 
@@ -358,6 +360,8 @@ def plot(path, results, copy_tbps):
     Bs = [r["B"] for r in results["ours"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax1.plot(Bs, [r["TBps"] for r in results["ours"]], "o-", label="gdn_graphs decode")
+    if all("TBps_pdl" in r for r in results["ours"]):
+        ax1.plot(Bs, [r["TBps_pdl"] for r in results["ours"]], "^-", label="gdn_graphs, PDL")
     fla = [r for r in results.get("fla", []) if "TBps" in r]
     if fla:
         ax1.plot([r["B"] for r in fla], [r["TBps"] for r in fla], "s--",
@@ -371,6 +375,9 @@ def plot(path, results, copy_tbps):
     ax1.legend(fontsize=8)
     ax2.plot(Bs, [r["stack_eager_ms"] for r in results["ours"]], "o-", label="eager")
     ax2.plot(Bs, [r["stack_graph_ms"] for r in results["ours"]], "o-", label="CUDA graph")
+    if all("stack_graph_pdl_ms" in r for r in results["ours"]):
+        ax2.plot(Bs, [r["stack_graph_pdl_ms"] for r in results["ours"]], "^-",
+                 label="CUDA graph, PDL")
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
     ax2.set_xlabel("batch B")
@@ -421,6 +428,10 @@ def print_table(results):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        return 0 if plot(args.out / "bench_decode.png", results, results["copy"]["TBps"]) else 1
     import torch
     if not torch.cuda.is_available():
         print("bench_decode: needs a CUDA GPU", file=sys.stderr)

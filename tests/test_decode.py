@@ -506,6 +506,13 @@ def test_gpu_qwen_multi(gpu):
                 written.add(write_slots[i][t])
     untouched = [s for s in range(16) if s not in written]
     assert torch.equal(pool[untouched], pool0[untouched])
+    # the same launch with programmatic dependent launch: bit for bit
+    pool_pdl = pool0.clone()
+    out_pdl = gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, pool_pdl,
+                               torch.tensor(cu, dtype=torch.int32, device=gpu),
+                               torch.tensor(reads, dtype=torch.int32, device=gpu),
+                               torch.tensor(write_slots, dtype=torch.int32, device=gpu), pdl=True)
+    assert torch.equal(out_pdl, out) and torch.equal(pool_pdl, pool)
 
 
 @pytest.mark.gpu

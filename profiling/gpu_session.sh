@@ -28,7 +28,7 @@ for what in ${@:-tests bench}; do
            done ;;
     sweep) timeout "${BENCH_TIMEOUT:-200}" python3 profiling/bench_prefill.py --out "$W" --sweep-only > "$W/sweep.log" 2>&1; rc=$?
            tail -20 "$W/sweep.log" ;;
-    demo)  timeout "${DEMO_TIMEOUT:-420}" python3 -m gdn_graphs.cli demo --json-out "$W/demo.json" ${DEMO_ARGS:-} > "$W/demo.log" 2>&1; rc=$?
+    demo)  timeout "${DEMO_TIMEOUT:-420}" python3 -m gdn_graphs.engine.cli demo --json-out "$W/demo.json" ${DEMO_ARGS:-} > "$W/demo.log" 2>&1; rc=$?
            tail -40 "$W/demo.log" ;;
     *) echo "unknown target $what"; rc=2 ;;
   esac

@@ -17,7 +17,7 @@ engine.forward.*, gdn.plan, gdn.replay.decode.<size>; --cuda-graph-trace=node sh
 inside each graph instead of one block per replay):
 
     nsys profile -o gdn_demo -t cuda,nvtx,osrt --cuda-graph-trace=node --force-overwrite true \\
-        python -m gdn_graphs.cli demo --nvtx --modes eager,full --prompt-repeats 20 --quiet
+        python -m gdn_graphs.engine.cli demo --nvtx --modes eager,full --prompt-repeats 20 --quiet
     nsys stats --report nvtx_sum,cuda_gpu_kern_sum gdn_demo.nsys-rep
 
 On a CPU-only machine the script still runs (tiny preset, kernels under the Triton interpreter,
@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gdn_graphs.engine import Engine, EngineConfig, mode_available
-    from gdn_graphs.model import HybridGDNModel, preset
+    from gdn_graphs.engine.engine import Engine, EngineConfig, mode_available
+    from gdn_graphs.engine.model import HybridGDNModel, preset
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)

@@ -34,8 +34,8 @@ if ! has_ep; then
   has_ep || echo "the plugin entry point is still not visible"
 fi
 M32=/tmp/tiny_qwen3_next_fp32 M16=/tmp/tiny_qwen3_next_bf16
-[ -d $M32 ] || python3 -m gdn_graphs.vllm.tiny_model $M32 --dtype float32 > /dev/null 2>&1
-[ -d $M16 ] || python3 -m gdn_graphs.vllm.tiny_model $M16 --dtype bfloat16 > /dev/null 2>&1
+[ -d $M32 ] || python3 -m tools.tiny_model $M32 --dtype float32 > /dev/null 2>&1
+[ -d $M16 ] || python3 -m tools.tiny_model $M16 --dtype bfloat16 > /dev/null 2>&1
 T=${E2E_TIMEOUT:-480}
 
 e2e() {  # e2e NAME MODEL args...
@@ -92,7 +92,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
   qwen3_5)  # tiny Qwen3.5 dense and MoE, random weights (config only), text model only
     for moe in dense moe; do
       MQ=/tmp/tiny_qwen3_5_$moe
-      [ -d $MQ ] || python3 -m gdn_graphs.vllm.tiny_model $MQ --qwen3-5 $moe > /dev/null 2>&1
+      [ -d $MQ ] || python3 -m tools.tiny_model $MQ --qwen3-5 $moe > /dev/null 2>&1
       for who in plugin vllm; do
         p=on; [ $who = vllm ] && p=off
         e2e q35_${moe}_$who $MQ --dtype bfloat16 --load-format dummy --language-model-only \
@@ -102,7 +102,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     wait ;;
   tp2)  # the 80B-A3B layout, random weights, tensor parallel 2: run on kind nvidia-h200-x2
     M80=/tmp/qwen3_next_80b_dummy
-    [ -d $M80 ] || python3 -m gdn_graphs.vllm.tiny_model $M80 --full-size > /dev/null 2>&1
+    [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size > /dev/null 2>&1
     for who in ${WHO:-plugin vllm}; do  # WHO=plugin / WHO=vllm: one engine per device call
       p=on; [ $who = vllm ] && p=off
       e2e tp2_$who $M80 --dtype bfloat16 --tp 2 --load-format dummy --plugin $p \

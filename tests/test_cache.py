@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from gdn_graphs.cache import (ROOT_HASH, OutOfSlots, PrefixCache, StatePool, block_hashes,
+from gdn_graphs.engine.prefix_cache import (ROOT_HASH, OutOfSlots, PrefixCache, StatePool, block_hashes,
                               hash_block)
 
 B = 64

@@ -12,10 +12,10 @@ import random
 import pytest
 import torch
 
-from gdn_graphs.graphs import GraphManager
+from gdn_graphs.runtime.graphs import GraphManager
 from gdn_graphs.ops.conv import conv_decode
 from gdn_graphs.ops.decode import gdn_decode
-from gdn_graphs.plan import GDNPlanner, PlanLimits
+from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 
 
 class RerunBackend:

@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from gdn_graphs.engine import Engine, EngineConfig
-from gdn_graphs.model import HybridGDNModel, preset
-from gdn_graphs.ops.custom_ops import StepContext, step_context
+from gdn_graphs.engine.engine import Engine, EngineConfig
+from gdn_graphs.engine.model import HybridGDNModel, preset
+from gdn_graphs.runtime.core import StepContext, step_context
 
 B = 64
 
@@ -114,7 +114,7 @@ def test_batching_and_abort(tiny):
 
 def test_out_of_slots_is_the_askers_error(tiny):
     eng = engine(tiny, num_slots=4, max_model_len=1024)
-    from gdn_graphs.cache import OutOfSlots
+    from gdn_graphs.engine.prefix_cache import OutOfSlots
     with pytest.raises(OutOfSlots):
         eng.add_request(prompt_of(600, 6), 2)    # 10 blocks can never fit in 4 slots
     assert not eng.has_unfinished()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gdn_graphs import nvtx
-from gdn_graphs.graphs import EagerFallbackWarning, GraphKey, GraphManager
+from gdn_graphs.runtime.graphs import EagerFallbackWarning, GraphKey, GraphManager
 
 
 class MockGraph:
@@ -278,7 +278,7 @@ def test_nvtx_off_by_default_records_nothing():
 
 
 def test_nvtx_ranges_balanced_around_capture_replay_and_plan(fake_nvtx):
-    from gdn_graphs.plan import GDNPlanner, PlanLimits
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 
     gm, be = manager((1, 2))
     gm.capture("decode", Recorder(be), progress=False)
@@ -368,7 +368,7 @@ def test_gpu_capture_replay_matches_eager_after_buffer_changes(gpu):
 def test_gpu_planner_buffers_drive_a_graph(gpu):
     """A graph that gathers pool rows through the planner's decode slots sees every new plan;
     back-to-back plans behind a slow kernel never clobber a staging buffer still being copied."""
-    from gdn_graphs.plan import GDNPlanner, PlanLimits
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 
     S = 8
     planner = GDNPlanner(PlanLimits(S, 256, 64, 32, 4), gpu)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gdn_graphs.constants import CHUNK, NO_SLOT
 from gdn_graphs.ops.meta import num_checkpoints, num_chunks
-from gdn_graphs.plan import GDNPlanner, PlanLimits, StepPlan
+from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits, StepPlan
 
 B = 64
 

@@ -27,8 +27,8 @@ CONFIGS = {"fp32_plugin_pc_graphs": ("on", "on"), "fp32_plugin_pc_eager": ("on",
 @pytest.mark.vllm_gpu
 def test_vllm_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
     model = tmp_path / "tiny_fp32"
-    subprocess.run([sys.executable, "-m", "gdn_graphs.vllm.tiny_model", str(model), "--dtype",
-                    "float32"], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "tools.tiny_model", str(model), "--dtype",
+                    "float32"], check=True, capture_output=True, timeout=300, cwd=ROOT)
     procs = {}
     for name, (pc, graphs) in CONFIGS.items():
         env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"tc_{name}"))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.runtime.core import run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 from gdn_graphs.vllm.warmup import vllm_cache_views
 

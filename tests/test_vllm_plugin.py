@@ -38,8 +38,8 @@ def test_unsupported_version_registers_nothing(monkeypatch, caplog):
 
 
 def test_version_lines():
-    assert plugin.hooks_module("0.26.0") == "gdn_graphs.vllm._v026"
-    assert plugin.hooks_module("0.26.3.dev1+g123") == "gdn_graphs.vllm._v026"
+    assert plugin.hooks_module("0.26.0") == "gdn_graphs.vllm.v0_26.config"
+    assert plugin.hooks_module("0.26.3.dev1+g123") == "gdn_graphs.vllm.v0_26.config"
     assert plugin.hooks_module("0.27.0") is None
 
 
@@ -66,7 +66,7 @@ def vllm_cpu(tmp_path_factory):
 
     platforms._current_platform = CpuPlatform()
     assert plugin.register() is True
-    from gdn_graphs.vllm.tiny_model import make_tiny_qwen3_next
+    from tools.tiny_model import make_tiny_qwen3_next
 
     path = make_tiny_qwen3_next(tmp_path_factory.mktemp("tiny") / "qwen3_next", dtype="float32",
                                 weights=False)
@@ -95,7 +95,7 @@ def test_registry_and_config_map(vllm_cpu):
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.model_executor.models.registry import ModelRegistry
 
-    from gdn_graphs.vllm._v026 import _VLLM_CONFIG_HOOKS, MODEL_CLASSES, GDNAllConfig
+    from gdn_graphs.vllm.v0_26.config import _VLLM_CONFIG_HOOKS, MODEL_CLASSES, GDNAllConfig
 
     assert set(MODEL_CLASSES) == {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
                                   "Qwen3_5MoeForConditionalGeneration"}
@@ -159,8 +159,8 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
     fake = types.ModuleType("vllm.model_executor.models.qwen3_5")
     fake.Qwen3_5ForConditionalGeneration = fake.Qwen3_5MoeForConditionalGeneration = FakeParent
     monkeypatch.setitem(sys.modules, "vllm.model_executor.models.qwen3_5", fake)
-    monkeypatch.delitem(sys.modules, "gdn_graphs.vllm._v026_qwen3_5", raising=False)
-    M = importlib.import_module("gdn_graphs.vllm._v026_qwen3_5")  # with the stand-in parents
+    monkeypatch.delitem(sys.modules, "gdn_graphs.vllm.v0_26.qwen3_5", raising=False)
+    M = importlib.import_module("gdn_graphs.vllm.v0_26.qwen3_5")  # with the stand-in parents
     switched = []
     monkeypatch.setattr(M, "switch_on_layers", lambda model, cfg: switched.append(model))
     try:
@@ -175,7 +175,7 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
             cls(vllm_config=off)
             assert seen[-1] == "all"  # plugin off: vLLM's own refusal applies as it would
     finally:
-        sys.modules.pop("gdn_graphs.vllm._v026_qwen3_5", None)
+        sys.modules.pop("gdn_graphs.vllm.v0_26.qwen3_5", None)
 
 
 @pytest.mark.vllm
@@ -231,7 +231,7 @@ def test_builder_plans_from_vllm_metadata(vllm_cpu):
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from gdn_graphs.vllm._v026_layer import GDNGraphsBuilder
+    from gdn_graphs.vllm.v0_26.model import GDNGraphsBuilder
 
     cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, max_num_seqs=8,
                          max_num_batched_tokens=2048)
@@ -301,7 +301,7 @@ def test_layers_switched_on_only_when_the_plugin_runs(vllm_dist, extra, caching,
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 
-    from gdn_graphs.vllm._v026_layer import GDNGraphsBackend, GDNGraphsQwenGDN, switch_on_layers
+    from gdn_graphs.vllm.v0_26.model import GDNGraphsBackend, GDNGraphsQwenGDN, switch_on_layers
 
     cfg = _engine_config(vllm_dist, enable_prefix_caching=caching, additional_config=extra)
     with set_current_vllm_config(cfg):
@@ -319,7 +319,7 @@ def test_block_sizes_of_both_layouts(vllm_cpu, tmp_path, size, ours, theirs):
     """With CUDA's default attention block (16) and TRITON_ATTN: the plugin's block is the smallest
     multiple of 64 holding a state page, vLLM's own "align" mode the smallest multiple of 16
     (the full-size numbers are the Qwen3-Next-80B-A3B layout in bf16)."""
-    from gdn_graphs.vllm.tiny_model import write_full_size_config
+    from tools.tiny_model import write_full_size_config
 
     path = vllm_cpu if size == "tiny" else str(write_full_size_config(tmp_path / "full"))
     kw = dict(enable_prefix_caching=True, block_size=16)

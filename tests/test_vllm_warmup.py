@@ -20,7 +20,7 @@ from triton.backends.compiler import BaseBackend
 
 from gdn_graphs.ops import chunk, conv, decode
 from gdn_graphs.ops.chunk import ChunkWorkspace
-from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.runtime.core import run_gdn_core
 from gdn_graphs.vllm import warmup
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 from gdn_graphs.vllm.warmup import vllm_cache_views, warm_up_kernels

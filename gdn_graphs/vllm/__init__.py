@@ -18,7 +18,7 @@ import logging
 __all__ = ["SUPPORTED_VLLM", "register", "enabled"]
 
 # vLLM versions whose hooks live in this package (one module per version line).
-SUPPORTED_VLLM = {"0.26.": "gdn_graphs.vllm._v026"}
+SUPPORTED_VLLM = {"0.26.": "gdn_graphs.vllm.v0_26.config"}
 
 # under "vllm." so that vLLM's own log handler prints our lines in its processes
 _log = logging.getLogger("vllm.gdn_graphs")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from gdn_graphs.constants import CHUNK, NO_SLOT
-from gdn_graphs.plan import GDNPlanner, PlanLimits, StepPlan
+from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits, StepPlan
 
 __all__ = ["StepLayout", "SlotSet", "DeviceTablePlanner", "plan_block_size"]
 

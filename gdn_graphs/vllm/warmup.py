@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.runtime.core import run_gdn_core
 from gdn_graphs.ops.decode import default_config
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 

@@ -39,9 +39,9 @@ from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from gdn_graphs.ops.chunk import ChunkWorkspace
-from gdn_graphs.ops.custom_ops import run_gdn_core
+from gdn_graphs.runtime.core import run_gdn_core
 from gdn_graphs.vllm import enabled
-from gdn_graphs.vllm._v026 import ARCHS
+from gdn_graphs.vllm.v0_26.config import ARCHS
 from gdn_graphs.vllm.slots import DeviceTablePlanner, plan_block_size
 from gdn_graphs.vllm.warmup import warm_up_kernels
 

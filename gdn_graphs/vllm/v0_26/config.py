@@ -15,10 +15,10 @@ logger = logging.getLogger("vllm.gdn_graphs")
 
 # vLLM architecture -> our model class (the same model, declaring Mamba prefix caching)
 MODEL_CLASSES = {
-    "Qwen3NextForCausalLM": "gdn_graphs.vllm._v026_layer:Qwen3NextAllForCausalLM",
-    "Qwen3_5ForConditionalGeneration": "gdn_graphs.vllm._v026_qwen3_5:Qwen3_5AllForConditionalGeneration",
+    "Qwen3NextForCausalLM": "gdn_graphs.vllm.v0_26.model:Qwen3NextAllForCausalLM",
+    "Qwen3_5ForConditionalGeneration": "gdn_graphs.vllm.v0_26.qwen3_5:Qwen3_5AllForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration":
-        "gdn_graphs.vllm._v026_qwen3_5:Qwen3_5MoeAllForConditionalGeneration",
+        "gdn_graphs.vllm.v0_26.qwen3_5:Qwen3_5MoeAllForConditionalGeneration",
 }
 ARCHS = tuple(MODEL_CLASSES)
 

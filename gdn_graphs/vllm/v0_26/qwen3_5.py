@@ -12,7 +12,7 @@ from typing import ClassVar
 from vllm.model_executor.models.qwen3_5 import (Qwen3_5ForConditionalGeneration,
                                                 Qwen3_5MoeForConditionalGeneration)
 
-from gdn_graphs.vllm._v026_layer import built_in_align_mode, switch_on_layers
+from gdn_graphs.vllm.v0_26.model import built_in_align_mode, switch_on_layers
 
 
 class Qwen3_5AllForConditionalGeneration(Qwen3_5ForConditionalGeneration):

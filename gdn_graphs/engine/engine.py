@@ -42,11 +42,11 @@ from typing import Iterable, Sequence
 import torch
 
 from gdn_graphs import nvtx
-from gdn_graphs.cache import OutOfSlots, PrefixCache
+from gdn_graphs.engine.prefix_cache import OutOfSlots, PrefixCache
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.model import HybridGDNModel
-from gdn_graphs.ops.custom_ops import StepContext, step_context
-from gdn_graphs.plan import GDNPlanner, PlanLimits
+from gdn_graphs.engine.model import HybridGDNModel
+from gdn_graphs.runtime.core import StepContext, step_context
+from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 
 __all__ = ["EngineConfig", "Request", "Engine", "RequestMetrics", "MODES", "mode_available",
            "OutOfSlots"]
@@ -227,7 +227,7 @@ class Engine:
             return self.model.logits(h).argmax(-1)
 
     def _setup_full(self):
-        from gdn_graphs.graphs import GraphManager
+        from gdn_graphs.runtime.graphs import GraphManager
 
         buckets = [b for b in self.cfg.decode_buckets if b <= self.cfg.max_seqs]
         self._graphs = GraphManager(buckets, debug_ptrs=self.cfg.debug_ptrs,

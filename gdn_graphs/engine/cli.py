@@ -81,8 +81,8 @@ def run_demo(args) -> dict:
     import torch
 
     from gdn_graphs import nvtx
-    from gdn_graphs.engine import MODES, Engine, EngineConfig, mode_available
-    from gdn_graphs.model import HybridGDNModel, preset
+    from gdn_graphs.engine.engine import MODES, Engine, EngineConfig, mode_available
+    from gdn_graphs.engine.model import HybridGDNModel, preset
 
     if args.nvtx:
         nvtx.enable(True)

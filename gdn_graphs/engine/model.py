@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import gdn_graphs.ops.custom_ops  # noqa: F401  (registers torch.ops.gdn_graphs.gdn_core)
+import gdn_graphs.runtime.core  # noqa: F401  (registers torch.ops.gdn_graphs.gdn_core)
 
 __all__ = ["ModelConfig", "PRESETS", "GDNLayer", "HybridGDNModel", "preset"]
 

@@ -1,0 +1,1 @@
+"""vLLM 0.26 adapter."""

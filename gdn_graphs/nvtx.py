@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-__all__ = ["enable", "enabled", "range", "push", "pop"]
+__all__ = ["enable", "enabled", "range"]
 
 _enabled = False
 _backend: Any = None
@@ -73,19 +73,6 @@ def enable(flag: bool = True, backend: Any = None) -> None:
 
 def enabled() -> bool:
     return _enabled
-
-
-def push(name: str) -> bool:
-    """Open a range if profiling is on; returns whether one was opened (pass it to ``pop``)."""
-    if _enabled:
-        _backend.push(name)
-        return True
-    return False
-
-
-def pop(pushed: bool = True) -> None:
-    if pushed:
-        _backend.pop()
 
 
 class range:  # noqa: N801 - reads as nvtx.range(...)

@@ -142,7 +142,7 @@ def test_abort_frees_everything():
     p = toks(4 * B + 7)
     c.allocate("a", p, 6 * B)
     c.commit("a", p, 2 * B)                          # aborted mid-prefill
-    c.abort("a")
+    c.free("a")
     c.check_invariants()
     assert c.num_available == 8 and c.num_cached_blocks == 2
     c.reset()

@@ -6,46 +6,16 @@ CPU test runs the same check on a tiny stack with a stand-in for CUDA graphs (re
 captured function), so the planning, padding and comparison logic is exercised in CI.
 """
 
-import contextlib
 import random
 
 import pytest
 import torch
 
-from gdn_graphs.runtime.graphs import GraphManager
 from gdn_graphs.ops.conv import conv_decode
 from gdn_graphs.ops.decode import gdn_decode
+from gdn_graphs.runtime.graphs import GraphManager
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
-
-
-class RerunBackend:
-    """CPU stand-in: capture records fn, replay re-runs it and copies into the static outputs."""
-
-    def __init__(self):
-        self.fn = None
-
-    def pool_handle(self):
-        return "pool"
-
-    def new_stream(self):
-        return "stream"
-
-    def new_graph(self):
-        return {}
-
-    def warmup_context(self, stream):
-        return contextlib.nullcontext()
-
-    def capture_context(self, graph, pool, stream):
-        graph["capturing"] = True
-        return contextlib.nullcontext()
-
-    def replay(self, graph):
-        for dst, src in zip(graph["outputs"], self.fn(graph["size"])):
-            dst.copy_(src)
-
-    def synchronize(self):
-        pass
+from helpers import RerunBackend
 
 
 def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backend=None, seed=0,
@@ -82,13 +52,10 @@ def check_stack(device, *, layers, HK, HV, K, V, buckets, replays, dtype, backen
 
     graph_step = lambda n: step(n, pdl)  # noqa: E731
     gm = GraphManager(buckets, debug_ptrs=True, backend=backend)
-    if isinstance(backend, RerunBackend):
-        backend.fn = graph_step
     planner.plan([], [], [])  # capture on an empty plan: every slot -1, no state touched
     gm.capture("decode", graph_step, inputs=lambda: [*planner.buffers(), x, ab, *ssm, *conv], progress=False)
     if isinstance(backend, RerunBackend):
-        for key, entry in gm.captured.items():
-            entry.graph.update(outputs=entry.outputs, size=key.size)
+        backend.manager, backend.fn = gm, graph_step
 
     rng = random.Random(seed)
     pools = ssm + conv

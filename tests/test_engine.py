@@ -12,6 +12,8 @@ import torch
 from gdn_graphs.engine.engine import Engine, EngineConfig
 from gdn_graphs.engine.model import HybridGDNModel, preset
 from gdn_graphs.runtime.core import StepContext, step_context
+from gdn_graphs.runtime.step import GDNStep
+from helpers import RerunBackend
 
 B = 64
 
@@ -138,42 +140,6 @@ def test_piecewise_engine_no_recompile_per_step(tiny):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
 
-class RerunBackend:
-    """CPU stand-in for CUDA graphs: 'replay' re-runs the captured fn(size) and copies its result
-    into the static outputs, which is what a replay means to the caller. Exercises the engine's
-    full mode (padding to buckets, persistent ids and slot buffers, static outputs) without a GPU."""
-
-    def __init__(self):
-        self.manager = self.fn = None
-        self.replays = 0
-
-    def pool_handle(self):
-        return "pool"
-
-    def new_stream(self):
-        return "stream"
-
-    def new_graph(self):
-        return object()
-
-    def warmup_context(self, stream):
-        import contextlib
-        return contextlib.nullcontext()
-
-    def capture_context(self, graph, pool, stream):
-        import contextlib
-        return contextlib.nullcontext()
-
-    def replay(self, graph):
-        key = next(k for k, e in self.manager.captured.items() if e.graph is graph)
-        entry = self.manager.captured[key]
-        entry.outputs.copy_(self.fn(key.size))
-        self.replays += 1
-
-    def synchronize(self):
-        pass
-
-
 def test_full_mode_logic_with_rerun_backend(tiny):
     be = RerunBackend()
     eng = engine(tiny, mode="full", graph_backend=be, compile_backend="aot_eager",
@@ -195,10 +161,10 @@ def _op_inputs(T, nd, device="cpu"):
     r = lambda *s: torch.randn(*s, generator=g).to(device)
     from gdn_graphs.ops.meta import chunk_meta
     meta = chunk_meta([T - nd], [0], [-1], [3], [[]], B, device=device)
-    ctx = StepContext(num_decodes=nd, num_prefill_tokens=T - nd,
-                      decode_read=torch.tensor([0] * nd, dtype=torch.int32, device=device),
-                      decode_write=torch.tensor([1] * nd, dtype=torch.int32, device=device),
-                      prefill=meta)
+    ctx = StepContext(GDNStep(num_decodes=nd, num_prefill_tokens=T - nd,
+                              decode_read=torch.tensor([0] * nd, dtype=torch.int32, device=device),
+                              decode_write=torch.tensor([1] * nd, dtype=torch.int32, device=device),
+                              prefill=meta))
     args = (r(T, C), r(T, HV), r(T, HV), r(C, 4), None, r(HV).abs(), r(HV),
             torch.zeros(4, C, 3, device=device), torch.zeros(4, HV, V, K, device=device), 0)
     return ctx, args

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from gdn_graphs.constants import CHUNK, NO_SLOT
 from gdn_graphs.ops.meta import num_checkpoints, num_chunks
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits, StepPlan
+from gdn_graphs.runtime.step import checkpoint_blocks, count_decode_rows, read_block, write_block
 
 B = 64
 
@@ -29,7 +30,7 @@ def ckpts_of(p: GDNPlanner, i: int) -> list[int]:
 
 
 def expected(n, q, table, b=B):
-    """Straight from the formulas in DESIGN.md (independent of plan.py)."""
+    """Straight from the formulas in the README's Conventions (independent of the planner)."""
     r = table[(n - 1) // b] if n > 0 else NO_SLOT
     w = table[(n + q - 1) // b]
     ck = [table[p // b - 1] for p in range(n + 1, n + q) if p % b == 0]
@@ -54,7 +55,7 @@ def test_limits_reject_non_positive():
 
 def test_fresh_planner_holds_an_empty_plan():
     p = make()
-    assert p.last_plan.num_tokens == 0
+    assert p.last_step.host.num_tokens == 0 and p.last_step.num_tokens == 0
     assert p.decode_read.tolist() == [NO_SLOT] * 8
     assert p.prefill.cu_seqlens.tolist() == [0] * 9
     assert set(p.prefill.chunk_seq.tolist()) == {-1}
@@ -87,7 +88,7 @@ CASES = [
 @pytest.mark.parametrize("n,q,rb,wb,cbs", CASES)
 def test_block_arithmetic(n, q, rb, wb, cbs):
     p = make()
-    step = p.plan([n], [q], [TABLE])
+    step = p.plan([n], [q], [TABLE]).host
     r = NO_SLOT if rb is None else TABLE[rb]
     w = TABLE[wb]
     assert (r, w, [TABLE[b] for b in cbs]) == expected(n, q, TABLE)
@@ -126,7 +127,7 @@ def test_null_checkpoint_entries_store_nothing():
 def test_repeated_slot_table_stores_checkpoints_as_no_slot():
     """An engine without prefix caching passes one slot for every block."""
     p = make()
-    step = p.plan([100, 0, 5], [300, 200, 1], [[7] * 8, [9] * 8, [3] * 8])
+    step = p.plan([100, 0, 5], [300, 200, 1], [[7] * 8, [9] * 8, [3] * 8]).host
     assert step.num_prefills == 3
     m = p.prefill
     assert m.read_slot.tolist()[:3] == [7, NO_SLOT, 3]
@@ -162,7 +163,7 @@ def test_mixed_batch_decodes_first_and_tails():
     tabs = [[1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11]]
     ns = [70, 63, 10, 0, 64]
     qs = [1, 1, 120, 64, 1]  # the last row schedules 1 token but follows a prefill: prefill row
-    step = p.plan(ns, qs, tabs)
+    step = p.plan(ns, qs, tabs).host
     assert isinstance(step, StepPlan)
     assert (step.num_decodes, step.num_prefills, step.padded_decodes) == (2, 3, 2)
     assert (step.num_tokens, step.num_prefill_tokens) == (187, 185)
@@ -187,20 +188,49 @@ def test_previous_prefill_cleared_by_pure_decode_step():
     p = make()
     p.plan([0, 0], [100, 200], [[1, 2], [3, 4, 5, 6]])
     fresh = make()
-    step = p.plan([5, 9], [1, 1], [[1], [3]])
+    step = p.plan([5, 9], [1, 1], [[1], [3]]).host
     assert step.is_pure_decode
     fresh.plan([5, 9], [1, 1], [[1], [3]])
     assert torch.equal(p.flat, fresh.flat)
 
 
+def test_plan_returns_a_step_over_the_persistent_buffers():
+    """The GDNStep launches the padded decode count and the real prefill tokens, over views of
+    the planner's buffers (so a graph captured with it replays later plans)."""
+    p = make(max_seqs=8)
+    step = p.plan([3, 64], [1, 1], [[1], [2, 3]], pad_decodes_to=4)
+    assert (step.num_decodes, step.num_prefill_tokens, step.num_tokens) == (4, 0, 4)
+    assert step.decode_read is p.decode_read and step.decode_write is p.decode_write
+    assert step.prefill is p.prefill and step.host.num_decodes == 2
+    mixed = p.plan([3, 0, 10], [1, 130, 2], [[1], [4, 5, 6], [7]])
+    assert (mixed.num_decodes, mixed.num_prefill_tokens) == (1, 132) and mixed.host.num_prefills == 2
+    t = p.template(8)
+    assert (t.num_decodes, t.num_prefill_tokens, t.host) == (8, 0, None)
+    assert t.decode_read is p.decode_read
+
+
+@pytest.mark.parametrize("qs,nd", [([], 0), ([1, 1, 1], 3), ([1, 5, 1], 1), ([7, 1], 0), ([1], 1)])
+def test_decode_rows_are_the_leading_one_token_rows(qs, nd):
+    assert count_decode_rows(qs) == nd
+
+
+def test_block_arithmetic():
+    B = 64
+    assert read_block(0, B) == -1 and read_block(64, B) == 0 and read_block(65, B) == 1
+    assert write_block(64, 1, B) == 1 and write_block(0, 64, B) == 0
+    # states after 128 and 192 tokens: blocks 1 and 2; the final state (after 200) in block 3
+    assert list(checkpoint_blocks(100, 100, B)) == [1, 2] and write_block(100, 100, B) == 3
+    assert list(checkpoint_blocks(64, 64, B)) == []   # ends on a boundary: that is the write
+
+
 def test_pad_decodes_to():
     p = make(max_seqs=8)
-    step = p.plan([3, 64, 200], [1, 1, 1], [[1], [2, 3], [4, 5, 6, 7]], pad_decodes_to=8)
+    step = p.plan([3, 64, 200], [1, 1, 1], [[1], [2, 3], [4, 5, 6, 7]], pad_decodes_to=8).host
     assert (step.num_decodes, step.padded_decodes, step.num_tokens) == (3, 8, 3)
     assert p.decode_read.tolist() == [1, 2, 7] + [NO_SLOT] * 5
     assert p.decode_write.tolist() == [1, 3, 7] + [NO_SLOT] * 5
-    assert p.plan([3], [1], [[1]], pad_decodes_to=1).padded_decodes == 1
-    assert p.plan([], [], [], pad_decodes_to=4).padded_decodes == 4
+    assert p.plan([3], [1], [[1]], pad_decodes_to=1).host.padded_decodes == 1
+    assert p.plan([], [], [], pad_decodes_to=4).host.padded_decodes == 4
 
 
 def test_buffers_never_reallocated():
@@ -263,7 +293,7 @@ def test_bad_input_raises_and_leaves_buffers_intact(ns, qs, tabs, kw, msg):
     with pytest.raises(ValueError, match=msg):
         p.plan(ns, qs, tabs, **kw)
     assert torch.equal(p.flat, before)
-    assert p.last_plan is good
+    assert p.last_step is good
 
 
 def test_pad_decodes_to_must_be_int():
@@ -342,7 +372,7 @@ def _chunks_cover_exactly_once(p: GDNPlanner, step: StepPlan, ns, qs):
 def test_property_slots_match_formulas(batch):
     ns, qs, tables = batch
     p = make(max_seqs=6, max_tokens=6 * 3 * B, num_slots=64, max_blocks=12)
-    step = p.plan(ns, qs, tables)
+    step = p.plan(ns, qs, tables).host
     d = step.num_decodes
     assert all(q == 1 for q in qs[:d]) and (d == len(qs) or qs[d] > 1)
     dr, dw = p.decode_read.tolist(), p.decode_write.tolist()
@@ -391,7 +421,7 @@ def test_property_accepts_exactly_the_legal_batches(batch):
     before = snapshot(p)
     ok = _oracle_ok(ns, qs, tables, num_slots=12)
     if ok:
-        step = p.plan(ns, qs, tables)
+        step = p.plan(ns, qs, tables).host
         assert step.num_seqs == len(ns)
     else:
         with pytest.raises(ValueError, match=r"row \d+"):

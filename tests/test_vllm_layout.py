@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from gdn_graphs.runtime.core import run_gdn_core
+from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
-from gdn_graphs.vllm.warmup import vllm_cache_views
+from gdn_graphs.vllm.v0_26.pages import cache_views
 
 HK, HV, K, V, W = 1, 2, 16, 16, 4
 C = 2 * HK * K + HV * V
@@ -24,7 +24,7 @@ def vllm_pages(num_blocks, dtype, state_dtype, pad_bytes=96):
     """Pages padded past the content (vLLM pads them to the attention page)."""
     bits = torch.finfo(dtype).bits // 8, torch.finfo(state_dtype).bits // 8
     page = (W - 1) * C * bits[0] + HV * V * K * bits[1] + pad_bytes
-    return vllm_cache_views(num_blocks, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    return cache_views(num_blocks, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
 
 
 @pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
@@ -42,7 +42,7 @@ def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype):
     n, q = [B, 5, B + 10], [1, 1, 2 * B + 7]  # decode across, decode inside, warm prefill
     qsl = np.concatenate([[0], np.cumsum(q)])
     p = DeviceTablePlanner(4, 512, B, table.stride(0), table.shape[1])
-    lay = p.plan(qsl, np.array(n), table[:3])
+    step = p.plan(qsl, np.array(n), table[:3])
     T = int(qsl[-1]) + 3  # three padding tokens
     x = torch.randn(T, C).to(dtype)
     a, b = torch.randn(T, HV).to(dtype), torch.randn(T, HV).to(dtype)
@@ -51,15 +51,14 @@ def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype):
     outs = []
     for conv, ssm in ((conv_v, ssm_v), (conv_c, ssm_c)):
         o = torch.zeros(T, HV, V, dtype=dtype)
-        run_gdn_core(x, a, b, w, None, A_log, dt_bias, conv, ssm, o, lay.num_decodes,
-                     lay.num_prefill_tokens, p.decode_read, p.decode_write, p.prefill)
+        run_gdn_core(x, a, b, GDNWeights(w, None, A_log, dt_bias), GDNPools(conv, ssm), step, o)
         outs.append(o)
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(outs[0][-3:], torch.zeros_like(outs[0][-3:]))
     assert torch.equal(conv_v, conv_c) and torch.equal(ssm_v, ssm_c)
     # exactly the blocks the step writes changed: decode writes, prefill checkpoints + write
-    written = {p.decode_write[0].item(), p.decode_write[1].item(), *p.prefill.ckpt_slots.tolist(),
-               p.prefill.write_slot[0].item()} - {-1}
+    written = {step.decode_write[0].item(), step.decode_write[1].item(),
+               *step.prefill.ckpt_slots.tolist(), step.prefill.write_slot[0].item()} - {-1}
     assert written == {table[0, 1].item(), table[1, 0].item(), table[2, 1].item(),
                        table[2, 2].item(), table[2, 3].item()}
     page = raw.numel() // nb
@@ -73,8 +72,9 @@ def test_warm_up_launches_once_and_touches_no_slot():
 
     w = torch.randn(C, W)
     args = (HK, HV, K, V, w, torch.rand(HV), torch.randn(HV), torch.float32, torch.float32)
-    warmup._DONE.clear()
-    assert warmup.warm_up_kernels(*args) is True
-    assert warmup.warm_up_kernels(*args) is False  # once per shapes/dtypes/device
+    done = set()
+    assert warmup.warm_up_kernels(*args, done=done) is True
+    assert warmup.warm_up_kernels(*args, done=done) is False  # once per shapes/dtypes/layouts
+    assert warmup.warm_up_kernels(*args, done=set()) is True   # the record is the caller's
     with pytest.raises(ValueError, match="channels"):
         warmup.warm_up_kernels(HK, HV, K, V + 1, w, *args[5:])

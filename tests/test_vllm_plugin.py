@@ -38,8 +38,8 @@ def test_unsupported_version_registers_nothing(monkeypatch, caplog):
 
 
 def test_version_lines():
-    assert plugin.hooks_module("0.26.0") == "gdn_graphs.vllm.v0_26.config"
-    assert plugin.hooks_module("0.26.3.dev1+g123") == "gdn_graphs.vllm.v0_26.config"
+    assert plugin.hooks_module("0.26.0") == "gdn_graphs.vllm.v0_26"
+    assert plugin.hooks_module("0.26.3.dev1+g123") == "gdn_graphs.vllm.v0_26"
     assert plugin.hooks_module("0.27.0") is None
 
 
@@ -162,7 +162,8 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
     monkeypatch.delitem(sys.modules, "gdn_graphs.vllm.v0_26.qwen3_5", raising=False)
     M = importlib.import_module("gdn_graphs.vllm.v0_26.qwen3_5")  # with the stand-in parents
     switched = []
-    monkeypatch.setattr(M, "switch_on_layers", lambda model, cfg: switched.append(model))
+    import gdn_graphs.vllm.v0_26.model as factory_module
+    monkeypatch.setattr(factory_module, "switch_on_layers", lambda model, cfg: switched.append(model))
     try:
         for cls in (M.Qwen3_5AllForConditionalGeneration, M.Qwen3_5MoeAllForConditionalGeneration):
             assert cls.supports_mamba_prefix_caching is True
@@ -214,7 +215,7 @@ def test_hits_inside_a_block_are_refused(vllm_cpu):
 def test_layer_swap_and_backend(vllm_cpu):
     from vllm.model_executor.custom_op import op_registry_oot
 
-    from gdn_graphs.vllm import _v026_layer as L
+    from gdn_graphs.vllm.v0_26 import model as L
 
     assert op_registry_oot["QwenGatedDeltaNetAttention"] is L.GDNGraphsQwenGDN
     L.install_layer()  # idempotent
@@ -239,8 +240,8 @@ def test_builder_plans_from_vllm_metadata(vllm_cpu):
     spec = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=(torch.float32, torch.float32),
                      block_size=B, mamba_cache_mode="all")
     builder = GDNGraphsBuilder(spec, ["l0"], cfg, torch.device("cpu"))
-    table = torch.zeros(8, 20, dtype=torch.int32)
-    table[:, :] = torch.arange(1, 161, dtype=torch.int32).view(8, 20)
+    width = spec.max_num_blocks_per_req(cfg, cfg.model_config.max_model_len)
+    table = torch.arange(1, 8 * width + 1, dtype=torch.int32).view(8, width)
     table[2, :2] = 0                       # freed blocks before the read column
     n = [B, 5, 2 * B + 10, 0]              # rows: decode across, decode inside, prefill, padding
     q = [1, 1, 400, 0]
@@ -253,20 +254,53 @@ def test_builder_plans_from_vllm_metadata(vllm_cpu):
         _seq_lens_cpu=seq, _num_computed_tokens_cpu=torch.tensor(n, dtype=torch.int32))
     md = builder.build(0, m)
     assert md.num_decodes == 2 and md.num_prefill_tokens == 400 and md.num_prefills == 1
-    assert md.decode_read.tolist()[:3] == [table[0, 0].item(), table[1, 0].item(), NO_SLOT]
-    assert md.decode_write.tolist()[:3] == [table[0, 1].item(), table[1, 0].item(), NO_SLOT]
+    assert md.step.num_decodes == 2 and md.step.host.num_prefills == 1
+    assert md.step.decode_read.tolist()[:3] == [table[0, 0].item(), table[1, 0].item(), NO_SLOT]
+    assert md.step.decode_write.tolist()[:3] == [table[0, 1].item(), table[1, 0].item(), NO_SLOT]
     # prefill row: n = 2B+10, q = 400 -> read col 2, write col 793 // B = 4, checkpoints at
     # positions 3B and 4B -> cols 2 and 3
-    assert md.prefill.read_slot[0].item() == table[2, 2].item()
-    assert md.prefill.write_slot[0].item() == table[2, 4].item()
-    assert md.prefill.ckpt_slots.tolist()[:3] == [table[2, 2].item(), table[2, 3].item(), NO_SLOT]
+    pre = md.step.prefill
+    assert pre.read_slot[0].item() == table[2, 2].item()
+    assert pre.write_slot[0].item() == table[2, 4].item()
+    assert pre.ckpt_slots.tolist()[:3] == [table[2, 2].item(), table[2, 3].item(), NO_SLOT]
     # a capture build never touches a block
     cap = builder.build_for_cudagraph_capture(m.replace(
         query_start_loc_cpu=torch.arange(5, dtype=torch.int32), query_start_loc=torch.arange(5, dtype=torch.int32),
         seq_lens=torch.ones(4, dtype=torch.int32), _seq_lens_cpu=torch.ones(4, dtype=torch.int32),
         max_query_len=1, num_actual_tokens=4))
-    assert cap.num_decodes == 4 and set(cap.decode_read.tolist()) == {NO_SLOT}
-    assert set(cap.decode_write.tolist()) == {NO_SLOT}
+    assert cap.step.num_decodes == 4 and set(cap.step.decode_read.tolist()) == {NO_SLOT}
+    assert set(cap.step.decode_write.tolist()) == {NO_SLOT}
+
+
+@pytest.mark.vllm
+def test_builders_of_one_model_share_one_planner(vllm_cpu):
+    """vLLM makes a builder per GDN KV-cache group: those of one model find the model's
+    GDNResources through the layers in the static forward context and share its planner (one
+    host plan per step), each with its own slot buffers; another model's builders do not."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from gdn_graphs.vllm.builder import GDNResources
+    from gdn_graphs.vllm.v0_26.model import GDNGraphsBuilder
+
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, max_num_seqs=8,
+                         max_num_batched_tokens=2048)
+    spec = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=(torch.float32, torch.float32),
+                     block_size=192, mamba_cache_mode="all")
+    res = GDNResources(max_reqs=8, max_tokens=2048)
+    ctx = cfg.compilation_config.static_forward_context
+    for name in ("g0.l0", "g1.l0"):
+        ctx[name] = types.SimpleNamespace(_gdn_resources=res)
+    try:
+        b0, b1 = (GDNGraphsBuilder(spec, [n], cfg, torch.device("cpu")) for n in ("g0.l0", "g1.l0"))
+        other = GDNGraphsBuilder(spec, ["elsewhere"], cfg, torch.device("cpu"))
+    finally:
+        for name in ("g0.l0", "g1.l0"):
+            ctx.pop(name)
+    assert b0._steps.planner is b1._steps.planner is res.planner(
+        192, spec.max_num_blocks_per_req(cfg, cfg.model_config.max_model_len), 0,
+        torch.device("cpu"))
+    assert b0._steps.slots is not b1._steps.slots
+    assert other._steps.planner is not b0._steps.planner
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""DeviceTablePlanner (the vLLM builder's planning) against a brute-force oracle of DESIGN.md's block
+"""DeviceTablePlanner (the vLLM builder's planning) against a brute-force oracle of the README's block
 arithmetic, written from the formula: no vLLM needed."""
 
 import numpy as np
@@ -28,7 +28,7 @@ def oracle(n, q, table, B):
 
 
 def run_case(rows, B, stride, width, max_reqs=8, max_tokens=4096, pad_to=None, seed=0,
-             device="cpu", p=None):
+             device="cpu", p=None, planner_stride="same"):
     """rows: list of (n, q); q == 0 rows are padding (trailing)."""
     rng = np.random.default_rng(seed)
     R = max(len(rows), max_reqs)
@@ -44,11 +44,12 @@ def run_case(rows, B, stride, width, max_reqs=8, max_tokens=4096, pad_to=None, s
     store = store.to(device)
     bt = store[:max(len(rows), 1), :width]
     if p is None:
-        p = DeviceTablePlanner(R, max_tokens, B, stride, width, device=device)
+        ps = stride if planner_stride == "same" else planner_stride
+        p = DeviceTablePlanner(R, max_tokens, B, ps, width, device=device)
     qsl = np.concatenate([[0], np.cumsum([q for _, q in rows])]).astype(np.int32)
     ncomp = np.array([n for n, _ in rows], dtype=np.int32)
     before = store.clone()
-    layout = p.plan(qsl, ncomp, bt, pad_decodes_to=pad_to)
+    step = p.plan(qsl, ncomp, bt, pad_decodes_to=pad_to)
     assert torch.equal(store, before), "the engine's table is read, never written"
     real = [(n, q) for n, q in rows if q > 0]
     want = [oracle(n, q, store[i, :width].tolist(), B) for i, (n, q) in enumerate(real)]
@@ -57,12 +58,13 @@ def run_case(rows, B, stride, width, max_reqs=8, max_tokens=4096, pad_to=None, s
     nd = 0
     while nd < len(real) and real[nd][1] == 1:
         nd += 1
-    dr, dw = p.decode_read.tolist(), p.decode_write.tolist()
+    assert step.decode_read is p.slots.decode_read and step.prefill is p.slots.prefill
+    dr, dw = p.slots.decode_read.tolist(), p.slots.decode_write.tolist()
     assert dr[:nd] == [w[0] for w in want[:nd]]
     assert dw[:nd] == [w[1] for w in want[:nd]]
     assert set(dr[nd:]) <= {NO_SLOT} and set(dw[nd:]) <= {NO_SLOT}
     pre = want[nd:]
-    meta = p.prefill
+    meta = p.slots.prefill
     assert meta.read_slot.tolist()[:len(pre)] == [w[0] for w in pre]
     assert meta.write_slot.tolist()[:len(pre)] == [w[1] for w in pre]
     assert set(meta.read_slot.tolist()[len(pre):]) <= {NO_SLOT}
@@ -72,8 +74,8 @@ def run_case(rows, B, stride, width, max_reqs=8, max_tokens=4096, pad_to=None, s
     assert set(ck[offs[len(pre)]:]) <= {NO_SLOT}
     assert meta.start_pos.tolist()[:len(pre)] == [n for n, _ in real[nd:]]
     pure = len(real) == nd
-    assert layout.num_decodes == (pad_to if (pad_to is not None and pure) else nd)
-    assert layout.num_prefill_tokens == sum(q for _, q in real[nd:])
+    assert step.num_decodes == (pad_to if (pad_to is not None and pure) else nd)
+    assert step.num_prefill_tokens == sum(q for _, q in real[nd:])
     return p
 
 
@@ -84,9 +86,17 @@ def test_boundaries_decode_and_prefill(B):
     run_case(rows, B, stride=40, width=32)
 
 
+@pytest.mark.parametrize("planner_stride", [None, 33])
+def test_table_with_another_row_stride(planner_stride):
+    """The planner is sized before the engine's table exists: a table whose row stride is not
+    the planner's is gathered through a copy of its used columns, with the same slots."""
+    rows = [(63, 1), (64, 1), (0, 200), (100, 300)]
+    run_case(rows, 64, stride=40, width=32, planner_stride=planner_stride)
+
+
 def test_padding_rows_and_decode_bucket():
     p = run_case([(5, 1), (64, 1), (0, 0), (0, 0)], 64, stride=16, width=16, pad_to=4)
-    assert p.decode_read.tolist()[2:4] == [NO_SLOT, NO_SLOT]
+    assert p.slots.decode_read.tolist()[2:4] == [NO_SLOT, NO_SLOT]
 
 
 def test_pad_is_ignored_for_mixed_steps():
@@ -98,7 +108,7 @@ def test_prefix_caching_off_uses_column_zero():
     B = plan_block_size(32768, prefix_caching=False)
     assert B % 64 == 0 and B >= 32768
     p = run_case([(100, 1), (0, 700), (3000, 64)], B, stride=1, width=1)
-    assert p.prefill.ckpt_offsets.tolist()[:3] == [0, 0, 0]
+    assert p.slots.prefill.ckpt_offsets.tolist()[:3] == [0, 0, 0]
 
 
 def test_block_size_must_be_chunk_multiple():
@@ -114,15 +124,16 @@ def test_bad_input_leaves_previous_plan():
         p.plan(np.array([0, 600]), np.array([0]), bt)          # past the table's width
     with pytest.raises(ValueError, match="come after"):
         p.plan(np.array([0, 0, 3]), np.array([0, 0]), torch.ones(2, 8, dtype=torch.int32))
-    with pytest.raises(ValueError, match="does not match"):
-        p.plan(np.array([0, 1]), np.array([0]), torch.ones(1, 9, dtype=torch.int32))
+    with pytest.raises(ValueError, match="at least 8 contiguous columns"):
+        p.plan(np.array([0, 1]), np.array([0]), torch.ones(1, 7, dtype=torch.int32))
     assert torch.equal(p.planner.flat, snap)
 
 
 def test_capture_clears_decode_slots():
     p = run_case([(64, 1), (3, 1)], 64, stride=8, width=8)
-    p.clear_decode_slots()
-    assert set(p.decode_read.tolist()) == {NO_SLOT} and set(p.decode_write.tolist()) == {NO_SLOT}
+    p.slots.clear_decode_slots()
+    assert set(p.slots.decode_read.tolist()) == {NO_SLOT}
+    assert set(p.slots.decode_write.tolist()) == {NO_SLOT}
 
 
 @settings(max_examples=40, deadline=None)
@@ -156,10 +167,11 @@ def test_groups_share_one_plan_and_keep_their_own_slots():
     t1 = torch.arange(1, 33, dtype=torch.int32).view(4, 8)
     t2 = t1 + 100
     qsl, n = np.array([0, 1, 1 + 2 * B]), np.array([B, 10])
-    l1 = p.plan(qsl, n, t1[:2], slots=g1)
-    plans = p.planner.last_plan
-    l2 = p.plan(qsl, n, t2[:2], slots=g2)
-    assert l2 is l1 and p.planner.last_plan is plans  # planned once
+    s1 = p.plan(qsl, n, t1[:2], slots=g1)
+    plans = p.planner.last_step
+    s2 = p.plan(qsl, n, t2[:2], slots=g2)
+    assert s2.host is s1.host and p.planner.last_step is plans  # planned once
+    assert s1.decode_read is g1.decode_read and s2.decode_read is g2.decode_read
     assert g1.decode_read[0].item() == t1[0, 0].item() and g2.decode_read[0].item() == t2[0, 0].item()
     assert g1.decode_write[0].item() == t1[0, 1].item() and g2.decode_write[0].item() == t2[0, 1].item()
     assert g1.prefill.ckpt_slots[0].item() == t1[1, 0].item()
@@ -169,4 +181,4 @@ def test_groups_share_one_plan_and_keep_their_own_slots():
     with pytest.raises(ValueError):
         p.plan(np.array([0, 5000]), np.array([0]), t1[:1], slots=g1)
     p.plan(qsl, n, t1[:2], slots=g1)
-    assert p.planner.last_plan is not plans
+    assert p.planner.last_step is not plans

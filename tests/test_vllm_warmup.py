@@ -20,10 +20,10 @@ from triton.backends.compiler import BaseBackend
 
 from gdn_graphs.ops import chunk, conv, decode
 from gdn_graphs.ops.chunk import ChunkWorkspace
-from gdn_graphs.runtime.core import run_gdn_core
-from gdn_graphs.vllm import warmup
+from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
-from gdn_graphs.vllm.warmup import vllm_cache_views, warm_up_kernels
+from gdn_graphs.vllm.v0_26.pages import cache_views
+from gdn_graphs.vllm.warmup import warm_up_kernels
 
 HK, HV, K, V, W = 2, 4, 32, 32, 4
 C = 2 * HK * K + HV * V
@@ -70,9 +70,7 @@ def launches(monkeypatch):
     log = []
     for mod, name in KERNELS:
         monkeypatch.setattr(mod, name, Recorder(name, getattr(mod, name), log))
-    warmup._DONE.clear()
     yield log
-    warmup._DONE.clear()
 
 
 def engine_inputs(T, style, dtype):
@@ -97,8 +95,9 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
 
     # the engine: its pages, its planner and block table, a sequence of steps
     table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
-    _, conv_p, ssm_p = vllm_cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype,
-                                        page_bytes=page)
+    _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype,
+                                   page_bytes=page)
+    weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
     planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
     steps = [  # (scheduled tokens per request, tokens computed before)
         ([300], [0]),                              # cold prefill with checkpoints
@@ -114,17 +113,16 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
     for q, n in steps:
         T = sum(q) + 8  # vLLM pads the batch
         qsl = np.concatenate([[0], np.cumsum(q)])
-        lay = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
+        step = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
         out = torch.zeros(T, HV, V, dtype=dtype)
-        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], w, None, A_log, dt_bias, conv_p, ssm_p, out,
-                     lay.num_decodes, lay.num_prefill_tokens, planner.decode_read,
-                     planner.decode_write, planner.prefill, ws)
+        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], weights, pools, step, out, ws)
     engine = set(launches)
     launches.clear()
 
     # the warm-up, given what vLLM's profile run gives the layer
+    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
     assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
-                           like=(x_all, a_all, b_all), page_bytes=page, max_decode_rows=max_reqs)
+                           like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs)
     warm = set(launches)
     missing = engine - warm
     assert not missing, "kernels the engine would compile during inference:\n" + "\n".join(
@@ -140,19 +138,19 @@ def test_a_warm_up_on_other_layouts_misses_engine_variants(launches):
     w = torch.randn(C, W).to(dtype)
     A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
     x, a, b = engine_inputs(200, "qwen3_5", dtype)
-    _, conv_p, ssm_p = vllm_cache_views(17, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    _, conv_p, ssm_p = cache_views(17, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
     planner = DeviceTablePlanner(4, 256, 128, 4, 4)
     table = torch.arange(1, 17, dtype=torch.int32).view(4, 4)
-    lay = planner.plan(np.array([0, 1, 150]), np.array([10, 0]), table[:2])
-    run_gdn_core(x[:160], a[:160], b[:160], w, None, A_log, dt_bias, conv_p, ssm_p,
-                 torch.zeros(160, HV, V, dtype=dtype), lay.num_decodes, lay.num_prefill_tokens,
-                 planner.decode_read, planner.decode_write, planner.prefill)
+    step = planner.plan(np.array([0, 1, 150]), np.array([10, 0]), table[:2])
+    run_gdn_core(x[:160], a[:160], b[:160], GDNWeights(w, None, A_log, dt_bias),
+                 GDNPools(conv_p, ssm_p), step, torch.zeros(160, HV, V, dtype=dtype))
     engine = set(launches)
     launches.clear()
     warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype)  # no layouts given
     missed = {name for name, _ in engine - set(launches)}
     assert "_chunk_seq_kernel" in missed, missed  # it specialises on the slot stride
     launches.clear()
+    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
     warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, like=(x, a, b),
-                    page_bytes=page, max_decode_rows=4)
+                    pools=one_page, max_decode_rows=4)
     assert not engine - set(launches)

@@ -45,8 +45,10 @@ from gdn_graphs import nvtx
 from gdn_graphs.engine.prefix_cache import OutOfSlots, PrefixCache
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.engine.model import HybridGDNModel
+from gdn_graphs.ops.chunk import ChunkWorkspace
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+from gdn_graphs.runtime.step import count_decode_rows
 
 __all__ = ["EngineConfig", "Request", "Engine", "RequestMetrics", "MODES", "mode_available",
            "OutOfSlots"]
@@ -179,11 +181,7 @@ class Engine:
 
     # ------------------------------------------------------------------ setup
 
-    def _make_workspace(self):
-        try:
-            from gdn_graphs.ops.chunk import ChunkWorkspace
-        except ImportError:  # pragma: no cover - the chunk module always has it
-            return None
+    def _make_workspace(self) -> ChunkWorkspace:
         c = self.model.cfg
         return ChunkWorkspace(self.cfg.max_tokens, c.num_v_heads, c.head_k_dim, c.head_v_dim,
                               c.dtype, self.device, HK=c.num_k_heads)
@@ -220,9 +218,7 @@ class Engine:
     def _decode_graph_fn(self, size: int):
         """A whole decode step for a padded batch of ``size`` rows, reading persistent buffers only:
         returns the greedy next token of every row (padded rows: garbage, ignored)."""
-        ctx = StepContext(num_decodes=size, num_prefill_tokens=0,
-                          decode_read=self.planner.decode_read, decode_write=self.planner.decode_write)
-        with step_context(ctx):
+        with step_context(StepContext(self.planner.template(size))):
             h = self.model(self._ids_buf[:size])
             return self.model.logits(h).argmax(-1)
 
@@ -354,11 +350,11 @@ class Engine:
                 ns = [r.num_computed for r, _ in rows]
                 qs = [q for _, q in rows]
                 tables = [self.cache.block_table(r.rid) for r, _ in rows]
-                nd = next((i for i, q in enumerate(qs) if q != 1), len(qs))
+                nd = count_decode_rows(qs)
                 pure_decode = nd == len(rows)
                 use_graph = self.cfg.mode == "full" and pure_decode
                 pad = self._graphs.padded_size("decode", nd) if use_graph else None
-                plan = self.planner.plan(ns, qs, tables, pad_decodes_to=pad)
+                gdn_step = self.planner.plan(ns, qs, tables, pad_decodes_to=pad)
                 ids = []
                 for r, q in rows:
                     ids.extend(r.tokens[r.num_computed:r.num_computed + q])
@@ -376,7 +372,7 @@ class Engine:
                     sampled = {i: toks[i] for i, _ in sample_rows}
                 else:
                     record = {} if self.cfg.debug_record else None
-                    hidden = self._forward(ids, plan, record)
+                    hidden = self._forward(ids, gdn_step, record)
                     sampled = {}
                     if sample_rows:
                         idx = torch.tensor([t for _, t in sample_rows], device=self.device)
@@ -389,13 +385,9 @@ class Engine:
                             r.core_trace.append((r.num_computed, per_layer))
             return self._update(rows, sampled)
 
-    def _forward(self, ids: list[int], plan, record) -> torch.Tensor:
+    def _forward(self, ids: list[int], step, record) -> torch.Tensor:
         T = len(ids)
-        ctx = StepContext(num_decodes=plan.num_decodes, num_prefill_tokens=plan.num_prefill_tokens,
-                          decode_read=self.planner.decode_read,
-                          decode_write=self.planner.decode_write,
-                          prefill=self.planner.prefill if plan.num_prefills else None,
-                          workspace=self.workspace, record=record)
+        ctx = StepContext(step, workspace=self.workspace, record=record)
         if self._compiled is None:
             x = torch.tensor(ids, dtype=torch.long, device=self.device)
             with step_context(ctx):
@@ -438,7 +430,3 @@ class Engine:
                 done.append(r)
         self.step_count += 1
         return done
-
-    def reset_cache(self) -> None:
-        """Forget every cached prefix (no request may be running)."""
-        self.cache.reset()

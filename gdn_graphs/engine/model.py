@@ -12,7 +12,7 @@ GDNLayer (per token; Qwen3-Next's gated delta-net block):
 
 The model works on a flat token batch (no batch dimension): the batch layout (which rows are
 decodes, which are prefill spans, the slots) is published by the engine in a StepContext, see
-gdn_graphs/ops/custom_ops.py. Each layer owns one fp32 ssm pool [num_slots, HV, V, K] and one conv
+gdn_graphs/runtime/core.py. Each layer owns one fp32 ssm pool [num_slots, HV, V, K] and one conv
 pool [num_slots, conv_dim, W-1] (model dtype), created by ``allocate_pools``.
 """
 
@@ -129,7 +129,7 @@ class MLP(nn.Module):
         return self.down(F.silu(g) * u)
 
 
-class Block(nn.Module):
+class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, i: int):
         super().__init__()
         self.norm1 = RMSNorm(cfg.hidden_size, cfg.rms_eps, cfg.dtype)
@@ -150,7 +150,7 @@ class HybridGDNModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, cfg.dtype)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=cfg.dtype)
         self.to(device)

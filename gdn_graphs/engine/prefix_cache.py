@@ -102,7 +102,7 @@ class StatePool:
 
 
 @dataclass(eq=False)
-class Block:
+class CachedBlock:
     """One slot's worth of state. ``hash`` is None until committed (then it is cached)."""
     slot: int
     ref_count: int = 0
@@ -112,7 +112,7 @@ class Block:
 @dataclass
 class _Req:
     tokens_total: int                      # tokens the request may ever compute
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[CachedBlock] = field(default_factory=list)
     num_hit_blocks: int = 0                # leading blocks taken from the cache
     num_committed: int = 0                 # leading blocks registered (hit blocks count)
     last_hash: int = ROOT_HASH             # hash of block num_committed-1
@@ -143,8 +143,8 @@ class PrefixCache:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = StatePool(num_slots)
-        self._cached: dict[int, Block] = {}              # hash -> committed block
-        self._evictable: OrderedDict[int, Block] = OrderedDict()  # ref 0 cached, LRU first
+        self._cached: dict[int, CachedBlock] = {}              # hash -> committed block
+        self._evictable: OrderedDict[int, CachedBlock] = OrderedDict()  # ref 0 cached, LRU first
         self._reqs: dict[object, _Req] = {}
         self.stats = CacheStats()
 
@@ -170,7 +170,7 @@ class PrefixCache:
         tokens so that one is left to compute). No side effects, counts nothing."""
         return len(self._match(token_ids)) * self.block_size
 
-    def _match(self, token_ids: Sequence[int]) -> list[Block]:
+    def _match(self, token_ids: Sequence[int]) -> list[CachedBlock]:
         if not self.enable_caching or len(token_ids) == 0:
             return []
         # A prompt cached in full gives back its last block: there must be a token to compute
@@ -187,9 +187,6 @@ class PrefixCache:
 
     def block_table(self, rid) -> list[int]:
         return [b.slot for b in self._reqs[rid].blocks]
-
-    def num_hit_tokens(self, rid) -> int:
-        return self._reqs[rid].num_hit_blocks * self.block_size
 
     def __contains__(self, rid) -> bool:
         return rid in self._reqs
@@ -211,7 +208,7 @@ class PrefixCache:
             if self.pool.num_free < 1:
                 raise OutOfSlots(f"request {rid!r} needs 1 state slot, 0 of {self.num_slots} free")
             s = self.pool.allocate()
-            blk = Block(slot=s, ref_count=1)
+            blk = CachedBlock(slot=s, ref_count=1)
             self._reqs[rid] = _Req(tokens_total, [blk] * nblocks, single_slot=s)
             self.stats.queried_tokens += len(prompt)
             return 0
@@ -229,7 +226,7 @@ class PrefixCache:
             if b.ref_count == 0:
                 del self._evictable[b.hash]
             b.ref_count += 1
-        fresh = [Block(slot=self._fresh_slot(), ref_count=1) for _ in range(need)]
+        fresh = [CachedBlock(slot=self._fresh_slot(), ref_count=1) for _ in range(need)]
         req = _Req(tokens_total, hits + fresh, num_hit_blocks=len(hits), num_committed=len(hits),
                    last_hash=hits[-1].hash if hits else ROOT_HASH)
         self._reqs[rid] = req
@@ -284,7 +281,6 @@ class PrefixCache:
             else:
                 self.pool.free(blk.slot)
 
-    abort = free
 
     def reset(self) -> None:
         """Forget every cached block (requests must all be freed first)."""
@@ -299,7 +295,7 @@ class PrefixCache:
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
         refs: dict[int, int] = {}
-        slot_owner: dict[int, Block] = {}
+        slot_owner: dict[int, CachedBlock] = {}
         for req in self._reqs.values():
             seen = set()
             for blk in req.blocks:

@@ -20,8 +20,9 @@ every other tail entry is -1. Launch grids depend only on the buffer lengths, so
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -41,6 +42,17 @@ class ChunkMeta:
     chunk_seq: torch.Tensor     # [max_chunks] int32
     chunk_idx: torch.Tensor     # [max_chunks] int32
     block_size: int             # B, a multiple of CHUNK
+
+    # the fields that hold pool slots (an engine with several pools rewrites only these)
+    SLOT_FIELDS: ClassVar[tuple[str, ...]] = ("read_slot", "write_slot", "ckpt_slots")
+
+    @classmethod
+    def tensor_fields(cls) -> tuple[str, ...]:
+        """Names of the int32 tensors, in declaration order (host_chunk_meta's keys)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "block_size")
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.tensor_fields()]
 
     @property
     def max_seqs(self) -> int:

@@ -1,55 +1,70 @@
-"""``gdn_graphs::gdn_core``: a GDN layer's conv + recurrence as ONE opaque torch op.
+"""The GDN core of a layer (conv + recurrence over the state pools): ``run_gdn_core``, the one entry
+every engine calls, and ``gdn_graphs::gdn_core``, the same as an opaque torch op.
 
-Why one opaque op: torch.compile must not trace the kernels' host logic (slices that depend on how
-many rows of the batch are decodes, launch grids, pool pointers), and Inductor's graph partition
-splits the compiled graph around ops tagged ``cudagraph_unsafe``, so everything else (projections,
-norms, MLPs) is captured piecewise into CUDA graphs while this op runs eagerly between them with
-the batch layout of the current step.
+``run_gdn_core(mixed_qkv, a, b, weights, pools, step, out, workspace)`` runs one layer over a
+step's flat batch ``[decode rows | prefill tokens | padding]`` (``GDNStep``, gdn_graphs.runtime.step):
+decode rows go through conv_decode + gdn_decode with ``step.decode_read/decode_write``, prefill
+tokens through conv_prefill + gdn_chunk_prefill with ``step.prefill``; padding gets zero outputs.
+It launches kernels only (no sync, no host reads of tensor values), so it may run inside a CUDA
+graph capture: the embedded engine's FULL decode graphs, vLLM's, the warm-up, the tests.
 
-The batch layout is NOT an argument: host integers such as the number of decode rows would become
-compile-time constants (a recompile every step). The engine publishes them, with the planner's
-persistent device buffers, in a ``StepContext`` before each forward (like vLLM's forward context):
+Why an opaque op too: torch.compile must not trace the kernels' host logic (slices that depend on
+how many rows of the batch are decodes, launch grids, pool pointers), and Inductor's graph
+partition splits the compiled graph around ops tagged ``cudagraph_unsafe``, so everything else
+(projections, norms, MLPs) is captured piecewise into CUDA graphs while this op runs eagerly
+between them with the layout of the current step. That layout is NOT an argument (host integers
+would become compile-time constants, a recompile every step): the engine publishes the step in a
+``StepContext`` before each forward, like vLLM's forward context:
 
-    with step_context(StepContext(num_decodes=..., num_prefill_tokens=..., decode_read=...,
-                                  decode_write=..., prefill=planner.prefill, workspace=ws)):
+    with step_context(StepContext(step=planner.plan(...), workspace=ws)):
         hidden = model(input_ids)
 
-The flat token batch is [decode rows | prefill tokens | padding]. Decode rows (one token each) go
-through conv_decode + gdn_decode with slots ``decode_read/decode_write[:num_decodes]``; the prefill
-tokens through conv_prefill + gdn_chunk_prefill with ``prefill`` (a ChunkMeta); padding tokens get
-zero outputs. Under FULL CUDA-graph decode the op runs inside the captured region: it launches
-kernels only (no sync, no host reads of tensor values), and the context it reads at capture time
-(the padded decode count of that graph) stays valid for every replay.
+Inside a FULL decode graph the context read at capture time (a template step with the graph's
+padded decode count) stays valid for every replay: the slots live in persistent buffers.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import torch
 
-__all__ = ["StepContext", "step_context", "get_step_context", "gdn_core", "run_gdn_core"]
+from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
+from gdn_graphs.ops.conv import conv_decode, conv_prefill
+from gdn_graphs.ops.decode import gdn_decode, pdl_supported
+from gdn_graphs.runtime.step import GDNStep
+
+__all__ = ["GDNWeights", "GDNPools", "StepContext", "step_context", "get_step_context",
+           "gdn_core", "run_gdn_core"]
+
+
+class GDNWeights(NamedTuple):
+    """A layer's weights that the core reads."""
+
+    conv_weight: torch.Tensor             # [conv_dim, W] (SiLU activation)
+    conv_bias: Optional[torch.Tensor]     # [conv_dim] or None
+    A_log: torch.Tensor                   # [HV] float32
+    dt_bias: torch.Tensor                 # [HV] float32
+
+
+class GDNPools(NamedTuple):
+    """A layer's state pools, written in place at the step's write and checkpoint slots."""
+
+    conv: torch.Tensor                    # [num_slots, conv_dim, W-1] (any slot stride)
+    ssm: torch.Tensor                     # [num_slots, HV, V, K] fp32 or bf16 (any slot stride)
 
 
 @dataclass
 class StepContext:
-    """What the GDN core of every layer needs to know about the current step."""
+    """What the ``gdn_core`` op of every layer reads about the current step."""
 
-    num_decodes: int                      # leading decode rows (padded count in a decode graph)
-    num_prefill_tokens: int               # prefill tokens after them
-    decode_read: Optional[torch.Tensor] = None   # int32 [>= num_decodes]
-    decode_write: Optional[torch.Tensor] = None  # int32 [>= num_decodes]
-    prefill: Any = None                   # ChunkMeta of persistent tensors (None: no prefill rows)
-    workspace: Any = None                 # ChunkWorkspace (optional scratch for the chunk kernels)
+    step: GDNStep
+    workspace: Optional[ChunkWorkspace] = None   # scratch for the chunk kernels (prefill steps)
     # Debug: when a dict, every layer appends a copy of its core output (real tokens only) under
     # its layer index. Never set it while capturing a CUDA graph.
-    record: Optional[dict] = field(default=None)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_decodes + self.num_prefill_tokens
+    record: Optional[dict] = None
 
 
 _CTX: Optional[StepContext] = None
@@ -58,7 +73,7 @@ _CTX: Optional[StepContext] = None
 def get_step_context() -> StepContext:
     if _CTX is None:
         raise RuntimeError("gdn_core called outside a step_context(...): the engine must publish "
-                           "the batch layout before running the model")
+                           "the step before running the model")
     return _CTX
 
 
@@ -81,42 +96,41 @@ def _split_qkv(x: torch.Tensor, HK: int, K: int, HV: int, V: int):
     return q, k, v
 
 
-def run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_pool, ssm_pool, out,
-                 num_decodes, num_prefill_tokens, decode_read, decode_write, prefill, workspace=None):
-    """The body of ``gdn_core`` with the batch layout passed in: what an engine that owns its own
-    custom op (vLLM's ``qwen_gdn_attention_core``) calls from inside it.
+def run_gdn_core(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, weights: GDNWeights,
+                 pools: GDNPools, step: GDNStep, out: torch.Tensor,
+                 workspace: Optional[ChunkWorkspace] = None) -> torch.Tensor:
+    """Conv + GDN recurrence of one layer over ``step``'s flat batch.
 
-    Flat batch = [num_decodes rows of one token | num_prefill_tokens prefill tokens | padding].
-    Writes ``out`` [T, HV, V] (padding rows zeroed) and the pools' write/checkpoint slots; launches
-    kernels only (no sync), so it may run inside a CUDA-graph capture.
+    mixed_qkv [T, conv_dim] (packed q|k|v before the conv, conv_dim = 2*HK*K + HV*V), a, b [T, HV]:
+    the layer's inputs for T >= step.num_tokens rows. Writes ``out`` [T, HV, V] (rows past the
+    step's tokens zeroed) and the pools' write/checkpoint slots; returns ``out``.
     """
-    from gdn_graphs.ops.chunk import gdn_chunk_prefill
-    from gdn_graphs.ops.conv import conv_decode, conv_prefill
-    from gdn_graphs.ops.decode import gdn_decode, pdl_supported
-
     T = mixed_qkv.shape[0]
-    _, HV, V, K = ssm_pool.shape
+    _, HV, V, K = pools.ssm.shape
     HK = (mixed_qkv.shape[1] - HV * V) // (2 * K)
-    nd, tp = num_decodes, num_prefill_tokens
-    if nd + tp > T:
-        raise ValueError(f"gdn_core: step has {nd} decode + {tp} prefill tokens, batch holds {T}")
+    nd, n_pre = step.num_decodes, step.num_prefill_tokens
+    if nd + n_pre > T:
+        raise ValueError(f"gdn_core: step has {nd} decode + {n_pre} prefill tokens, batch holds {T}")
+    w = weights
     conv_out = torch.empty_like(mixed_qkv)
     if nd:
-        rs, ws = decode_read[:nd], decode_write[:nd]
-        conv_decode(mixed_qkv[:nd], conv_weight, conv_bias, conv_pool, rs, ws, out=conv_out[:nd])
+        r_slot, w_slot = step.decode_read[:nd], step.decode_write[:nd]
+        conv_decode(mixed_qkv[:nd], w.conv_weight, w.conv_bias, pools.conv, r_slot, w_slot,
+                    out=conv_out[:nd])
         q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
         # programmatic dependent launch: the state loads overlap conv_decode, which writes only
         # the conv pool and conv_out (the state pool's write slots are read by no row)
-        gdn_decode(q, k, v, a[:nd], b[:nd], A_log, dt_bias, ssm_pool, rs, ws, out=out[:nd],
-                   pdl=pdl_supported(q.device))
-    if tp:
-        sl = slice(nd, nd + tp)
-        conv_prefill(mixed_qkv[sl], conv_weight, conv_bias, conv_pool, prefill, out=conv_out[sl])
+        gdn_decode(q, k, v, a[:nd], b[:nd], w.A_log, w.dt_bias, pools.ssm, r_slot, w_slot,
+                   out=out[:nd], pdl=pdl_supported(q.device))
+    if n_pre:
+        sl = slice(nd, nd + n_pre)
+        conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
+                     out=conv_out[sl])
         q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
-        gdn_chunk_prefill(q, k, v, a[sl], b[sl], A_log, dt_bias, ssm_pool, prefill,
+        gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
                           out=out[sl], workspace=workspace)
-    if nd + tp < T:
-        out[nd + tp:].zero_()
+    if nd + n_pre < T:
+        out[nd + n_pre:].zero_()
     return out
 
 
@@ -152,12 +166,10 @@ def gdn_core(
     ctx = get_step_context()
     _, HV, V, _ = ssm_pool.shape
     o = mixed_qkv.new_empty(mixed_qkv.shape[0], HV, V)
-    run_gdn_core(mixed_qkv, a, b, conv_weight, conv_bias, A_log, dt_bias, conv_pool, ssm_pool, o,
-                 ctx.num_decodes, ctx.num_prefill_tokens, ctx.decode_read, ctx.decode_write,
-                 ctx.prefill, ctx.workspace)
-    nd, tp = ctx.num_decodes, ctx.num_prefill_tokens
+    run_gdn_core(mixed_qkv, a, b, GDNWeights(conv_weight, conv_bias, A_log, dt_bias),
+                 GDNPools(conv_pool, ssm_pool), ctx.step, o, ctx.workspace)
     if ctx.record is not None:
-        ctx.record.setdefault(layer_idx, []).append(o[: nd + tp].detach().clone())
+        ctx.record.setdefault(layer_idx, []).append(o[:ctx.step.num_tokens].detach().clone())
     return o
 
 

@@ -1,22 +1,15 @@
-"""Host-side batch planning: token counts + block tables -> persistent device buffers.
+"""Host-side batch planning: token counts + block tables -> persistent device buffers -> GDNStep.
 
 One ``GDNPlanner`` owns every device buffer that the GDN kernels (and any CUDA graph captured around
 them) read to learn what a step does. They are allocated once, at their maximum sizes, as views of
 ONE flat int32 device tensor, so each ``plan()`` is a single host-to-device copy and a captured
 graph replays any later plan (pointers never move; the tails say "nothing here").
 
-Rows are in the caller's order. The leading rows that schedule exactly one token are decode rows
-(their tokens come first in the flat token arrays); every row after the first one that schedules
-more than one token is a prefill row (chunk path), whatever its length. For a row that starts with
-``n`` computed tokens and schedules ``q`` (block size B, block-table entries are pool slots):
-
-    read slot   table[(n - 1) // B]       (NO_SLOT when n == 0: start from zeros)
-    write slot  table[(n + q - 1) // B]
-    checkpoint  table[p // B - 1]         for every multiple p of B strictly inside (n, n + q)
-
-A checkpoint entry may be NO_SLOT (store nothing). A checkpoint whose slot equals the row's write
-slot is stored as NO_SLOT: the final state lands there anyway. That is how an engine without prefix
-caching works: it passes one slot repeated for every block.
+Rows are in the caller's order; which rows are decodes and which slots a row reads, writes and
+checkpoints into is ``gdn_graphs.runtime.step``'s block arithmetic. A checkpoint entry may be
+NO_SLOT (store nothing). A checkpoint whose slot equals the row's write slot is stored as NO_SLOT:
+the final state lands there anyway. That is how an engine without prefix caching works: it passes
+one slot repeated for every block.
 
 Validation happens on the host BEFORE any buffer is touched, so a rejected call leaves the previous
 plan intact. Only the table entries that the step uses are range-checked (a long-context table can
@@ -36,17 +29,17 @@ from gdn_graphs import nvtx
 from gdn_graphs.constants import CHUNK, NO_SLOT
 from gdn_graphs.ops.meta import ChunkMeta, host_chunk_meta, max_chunks_bound, max_ckpts_bound
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
+from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, count_decode_rows,
+                                     read_block, write_block)
 
-__all__ = ["PlanLimits", "StepPlan", "GDNPlanner"]
+__all__ = ["PlanLimits", "StepPlan", "GDNStep", "GDNPlanner"]
 
 # Every buffer view starts on a 16-byte boundary (4 int32), so kernels see aligned pointers.
 _ALIGN = 4
 # Pinned staging buffers on CUDA: plan() blocks only on a copy made this many plans ago.
 _STAGING_RING = 4
 
-# Order of the ChunkMeta fields in the flat buffer; must match host_chunk_meta's keys.
-_META_FIELDS = ("cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots",
-                "chunk_seq", "chunk_idx")
+_META_FIELDS = ChunkMeta.tensor_fields()
 
 
 def _is_int(x: Any) -> bool:
@@ -86,33 +79,6 @@ class PlanLimits:
     @property
     def max_ckpts(self) -> int:
         return max_ckpts_bound(self.max_tokens, self.max_seqs, self.block_size)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """Host-side summary of what ``plan()`` put into the buffers (slots as the kernels see them)."""
-
-    num_decodes: int
-    num_prefills: int
-    num_prefill_tokens: int
-    num_tokens: int                      # real scheduled tokens (decodes first, then prefills)
-    padded_decodes: int                  # decode rows to launch (== num_decodes unless padded)
-    num_chunks: int                      # live entries of the prefill chunk table
-    num_ckpts: int                       # live entries of prefill.ckpt_slots
-    decode_read: tuple[int, ...]
-    decode_write: tuple[int, ...]
-    prefill_start_pos: tuple[int, ...]
-    prefill_read: tuple[int, ...]
-    prefill_write: tuple[int, ...]
-    prefill_ckpts: tuple[tuple[int, ...], ...]  # per prefill row, NO_SLOT where nothing is stored
-
-    @property
-    def num_seqs(self) -> int:
-        return self.num_decodes + self.num_prefills
-
-    @property
-    def is_pure_decode(self) -> bool:
-        return self.num_prefills == 0
 
 
 class GDNPlanner:
@@ -172,7 +138,7 @@ class GDNPlanner:
                                 max_chunks=limits.max_chunks, max_ckpts=limits.max_ckpts)
         self._empty_prefill = {k: np.asarray(v, dtype=np.int32) for k, v in empty.items()}
 
-        self.last_plan: StepPlan = self.plan([], [], [])
+        self.last_step: GDNStep = self.plan([], [], [])
 
     # ------------------------------------------------------------------ public API
 
@@ -183,41 +149,79 @@ class GDNPlanner:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every persistent tensor a captured graph may read (for GraphManager's data_ptr guard)."""
-        p = self.prefill
-        return [self.decode_read, self.decode_write, p.cu_seqlens, p.start_pos, p.read_slot,
-                p.write_slot, p.ckpt_offsets, p.ckpt_slots, p.chunk_seq, p.chunk_idx]
+        return [self.decode_read, self.decode_write, *self.prefill.tensors()]
 
     def plan(self, num_computed: Sequence[int], num_scheduled: Sequence[int],
-             block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None) -> StepPlan:
-        """Validate one step and write it into the persistent buffers.
+             block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None) -> GDNStep:
+        """Validate one step, write it into the persistent buffers, return it as a ``GDNStep``.
 
         num_computed[i]: tokens of row i computed before this step (n); num_scheduled[i]: tokens
         scheduled now (q >= 1); block_tables[i]: pool slot of each block of row i (NO_SLOT allowed
         where nothing is stored); lists, tuples, numpy arrays or CPU tensors.
         pad_decodes_to: for a pure decode batch, the graph bucket it will be replayed at (rows
-        beyond the real ones are NO_SLOT/NO_SLOT, as is every tail).
+        beyond the real ones are NO_SLOT/NO_SLOT, as is every tail); the step then launches that
+        many decode rows.
         Raises ValueError, naming the row, before touching any buffer.
         """
         with nvtx.range("gdn.plan"):
-            step, meta_lists = self._build(num_computed, num_scheduled, block_tables, pad_decodes_to)
-            self._commit(step, meta_lists)
-            self.last_plan = step
-            return step
+            host, meta_lists = self._build(num_computed, num_scheduled, block_tables, pad_decodes_to)
+            self._commit(host, meta_lists)
+            self.last_step = GDNStep(num_decodes=host.padded_decodes,
+                                     num_prefill_tokens=host.num_prefill_tokens,
+                                     decode_read=self.decode_read, decode_write=self.decode_write,
+                                     prefill=self.prefill, host=host)
+            return self.last_step
+
+    def template(self, num_decodes: int) -> GDNStep:
+        """A step of ``num_decodes`` decode rows over the persistent buffers, whatever they hold:
+        what a decode graph is captured with (each replay follows a plan padded to that size)."""
+        return GDNStep(num_decodes=num_decodes, num_prefill_tokens=0, decode_read=self.decode_read,
+                       decode_write=self.decode_write, prefill=self.prefill)
 
     # ------------------------------------------------------------------ host side, no buffer touched
 
     def _build(self, num_computed, num_scheduled, block_tables, pad_decodes_to):
         L = self.limits
-        B = L.block_size
+        ns, qs, tables = self._check_rows(num_computed, num_scheduled, block_tables)
+        rows = len(ns)
+        d = count_decode_rows(qs)
+        reads, writes, ckpts = [], [], []
+        for i in range(rows):
+            r, w, ck = self._row_slots(i, ns[i], qs[i], tables[i])
+            reads.append(r)
+            writes.append(w)
+            ckpts.append(ck)
+        self._check_conflicts(ns, reads, writes, ckpts)
+        padded = self._padded_decodes(pad_decodes_to, d, rows, qs)
+
+        meta_lists = None
+        num_chunks = num_ckpts = 0
+        if d < rows:
+            meta_lists = host_chunk_meta(qs[d:], ns[d:], reads[d:], writes[d:], ckpts[d:],
+                                         L.block_size, max_seqs=L.max_seqs,
+                                         max_chunks=L.max_chunks, max_ckpts=L.max_ckpts)
+            num_ckpts = sum(len(c) for c in ckpts[d:])
+            num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[d:], qs[d:]))
+        total = sum(qs)
+        host = StepPlan(
+            num_decodes=d, num_prefills=rows - d, num_prefill_tokens=total - d, num_tokens=total,
+            padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
+            decode_read=tuple(reads[:d]), decode_write=tuple(writes[:d]),
+            prefill_read=tuple(reads[d:]), prefill_write=tuple(writes[d:]),
+            prefill_ckpts=tuple(tuple(c) for c in ckpts[d:]))
+        return host, meta_lists
+
+    def _check_rows(self, num_computed, num_scheduled, block_tables):
+        """Types, lengths and the step's totals; returns (ns, qs, tables) as ints / row lists."""
+        L = self.limits
         ns, qs, tables = _as_list(num_computed), _as_list(num_scheduled), block_tables
         if isinstance(tables, torch.Tensor):
             tables = tables.cpu().numpy()  # numpy row slices are much cheaper than tensor ones
         if not (len(ns) == len(qs) == len(tables)):
             raise ValueError(f"num_computed, num_scheduled and block_tables differ in length: "
                              f"{len(ns)}, {len(qs)}, {len(tables)}")
-        rows = len(ns)
-        if rows > L.max_seqs:
-            raise ValueError(f"batch of {rows} rows is larger than max_seqs={L.max_seqs}")
+        if len(ns) > L.max_seqs:
+            raise ValueError(f"batch of {len(ns)} rows is larger than max_seqs={L.max_seqs}")
         for i, (n, q) in enumerate(zip(ns, qs)):
             if not _is_int(n) or not _is_int(q):
                 raise ValueError(f"row {i}: num_computed and num_scheduled must be ints, got {n!r}, {q!r}")
@@ -227,84 +231,59 @@ class GDNPlanner:
         total = sum(qs)
         if total > L.max_tokens:
             raise ValueError(f"batch schedules {total} tokens, more than max_tokens={L.max_tokens}")
+        return ns, qs, tables
 
-        num_decodes = 0
-        while num_decodes < rows and qs[num_decodes] == 1:
-            num_decodes += 1
+    def _row_slots(self, i: int, n: int, q: int, row) -> tuple[int, int, list[int]]:
+        """Row i's read slot, write slot and checkpoint slots (step.py's block arithmetic), with
+        the table entries it uses range-checked."""
+        L = self.limits
+        B = L.block_size
+        width = len(row)
+        if width > L.max_blocks_per_seq:
+            raise ValueError(f"row {i}: block table has {width} entries, more than "
+                             f"max_blocks_per_seq={L.max_blocks_per_seq}")
+        last = write_block(n, q, B)
+        if last >= width:
+            raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} "
+                             f"needs block {last} (B={B})")
+        # the step touches blocks lo..last only: read_block(n) is n // B or the block before it
+        lo = max(read_block(n, B), 0)
+        used = _as_list(row[lo:last + 1])
+        for j, s in enumerate(used):
+            if type(s) is not int:
+                if not _is_int(s):
+                    raise ValueError(f"row {i}: block table entry {lo + j} is not an int: {s!r}")
+                used[j] = s = int(s)
+            if s < NO_SLOT or s >= L.num_slots:
+                raise ValueError(f"row {i}: block table entry {lo + j} = {s} is outside "
+                                 f"[{NO_SLOT}, {L.num_slots})")
+        w = used[-1]
+        if w == NO_SLOT:
+            raise ValueError(f"row {i}: write slot table[{last}] is {NO_SLOT}")
+        r = NO_SLOT
+        if n > 0:
+            r = used[0]
+            if r == NO_SLOT:
+                raise ValueError(f"row {i}: read slot table[{lo}] is {NO_SLOT} but n={n} > 0 "
+                                 f"tokens were computed")
+        ckpts = [NO_SLOT if used[c - lo] == w else used[c - lo] for c in checkpoint_blocks(n, q, B)]
+        return r, w, ckpts
 
-        reads: list[int] = []
-        writes: list[int] = []
-        ckpts: list[list[int]] = []
-        num_slots, max_width = L.num_slots, L.max_blocks_per_seq
-        for i in range(rows):
-            n, q, row = ns[i], qs[i], tables[i]
-            width = len(row)
-            if width > max_width:
-                raise ValueError(f"row {i}: block table has {width} entries, more than "
-                                 f"max_blocks_per_seq={max_width}")
-            last = (n + q - 1) // B
-            if last >= width:
-                raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} "
-                                 f"needs block {last} (B={B})")
-            # The step touches blocks lo..last only: (n-1)//B is n//B or the block before it.
-            lo = (n - 1) // B if n > 0 else 0
-            used = _as_list(row[lo:last + 1])
-            for j, s in enumerate(used):
-                if type(s) is not int:
-                    if not _is_int(s):
-                        raise ValueError(f"row {i}: block table entry {lo + j} is not an int: {s!r}")
-                    used[j] = s = int(s)
-                if s < NO_SLOT or s >= num_slots:
-                    raise ValueError(f"row {i}: block table entry {lo + j} = {s} is outside "
-                                     f"[{NO_SLOT}, {num_slots})")
-            w = used[-1]
-            if w == NO_SLOT:
-                raise ValueError(f"row {i}: write slot table[{last}] is {NO_SLOT}")
-            if n > 0:
-                r = used[0]  # table[(n - 1) // B]
-                if r == NO_SLOT:
-                    raise ValueError(f"row {i}: read slot table[{lo}] is {NO_SLOT} but n={n} > 0 "
-                                     f"tokens were computed")
-            else:
-                r = NO_SLOT
-            # checkpoints: p = (n//B + 1 + e) * B  ->  table[n//B + e] for e < last - n//B
-            reads.append(r)
-            writes.append(w)
-            ckpts.append([NO_SLOT if s == w else s for s in used[n // B - lo:-1]])
-
-        self._check_conflicts(ns, reads, writes, ckpts)
-
+    def _padded_decodes(self, pad_decodes_to, num_decodes: int, rows: int, qs) -> int:
         if pad_decodes_to is None:
-            padded = num_decodes
-        else:
-            if not _is_int(pad_decodes_to):
-                raise ValueError(f"pad_decodes_to must be an int, got {pad_decodes_to!r}")
-            if num_decodes < rows:
-                raise ValueError(f"pad_decodes_to is only for pure decode batches, but row "
-                                 f"{num_decodes} schedules {qs[num_decodes]} tokens (a prefill row)")
-            if pad_decodes_to < num_decodes:
-                raise ValueError(f"pad_decodes_to={pad_decodes_to} is smaller than the "
-                                 f"{num_decodes} decode rows")
-            if pad_decodes_to > L.max_seqs:
-                raise ValueError(f"pad_decodes_to={pad_decodes_to} is larger than max_seqs={L.max_seqs}")
-            padded = pad_decodes_to
-
-        d = num_decodes
-        meta_lists = None
-        num_chunks = num_ckpts = 0
-        if d < rows:
-            meta_lists = host_chunk_meta(qs[d:], ns[d:], reads[d:], writes[d:], ckpts[d:], B,
-                                         max_seqs=L.max_seqs, max_chunks=L.max_chunks,
-                                         max_ckpts=L.max_ckpts)
-            num_ckpts = sum(len(c) for c in ckpts[d:])
-            num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[d:], qs[d:]))
-        step = StepPlan(
-            num_decodes=d, num_prefills=rows - d, num_prefill_tokens=total - d, num_tokens=total,
-            padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
-            decode_read=tuple(reads[:d]), decode_write=tuple(writes[:d]),
-            prefill_start_pos=tuple(ns[d:]), prefill_read=tuple(reads[d:]),
-            prefill_write=tuple(writes[d:]), prefill_ckpts=tuple(tuple(c) for c in ckpts[d:]))
-        return step, meta_lists
+            return num_decodes
+        if not _is_int(pad_decodes_to):
+            raise ValueError(f"pad_decodes_to must be an int, got {pad_decodes_to!r}")
+        if num_decodes < rows:
+            raise ValueError(f"pad_decodes_to is only for pure decode batches, but row "
+                             f"{num_decodes} schedules {qs[num_decodes]} tokens (a prefill row)")
+        if pad_decodes_to < num_decodes:
+            raise ValueError(f"pad_decodes_to={pad_decodes_to} is smaller than the "
+                             f"{num_decodes} decode rows")
+        if pad_decodes_to > self.limits.max_seqs:
+            raise ValueError(f"pad_decodes_to={pad_decodes_to} is larger than "
+                             f"max_seqs={self.limits.max_seqs}")
+        return pad_decodes_to
 
     @staticmethod
     def _check_conflicts(ns, reads, writes, ckpts) -> None:

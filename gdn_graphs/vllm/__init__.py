@@ -1,7 +1,7 @@
 """vLLM plugin: GDN prefix caching at every block boundary, with FULL CUDA-graph decode.
 
 Installed with gdn_graphs as the ``vllm.general_plugins`` entry point ``gdn_graphs``, which vLLM
-runs in each of its processes. For the supported architectures (Qwen3-Next) it sets vLLM's Mamba
+runs in each of its processes. For the supported architectures (Qwen3-Next, Qwen3.5) it sets vLLM's Mamba
 cache mode to "all" with a block size that is a multiple of 64 and runs the GDN layers' conv and
 recurrence with gdn_graphs kernels on vLLM's own cache tensors.
 
@@ -18,7 +18,7 @@ import logging
 __all__ = ["SUPPORTED_VLLM", "register", "enabled"]
 
 # vLLM versions whose hooks live in this package (one module per version line).
-SUPPORTED_VLLM = {"0.26.": "gdn_graphs.vllm.v0_26.config"}
+SUPPORTED_VLLM = {"0.26.": "gdn_graphs.vllm.v0_26"}
 
 # under "vllm." so that vLLM's own log handler prints our lines in its processes
 _log = logging.getLogger("vllm.gdn_graphs")

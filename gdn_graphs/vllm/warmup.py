@@ -8,8 +8,8 @@ warm-up that launches with other strides than the engine's compiles kernels the 
 
 So the warm-up launches on the engine's layouts: the layer's own input tensors from vLLM's dummy
 forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the model packs its
-projections) and pools laid out like vLLM's Mamba pages (``vllm_cache_views``) with the engine's
-page size. Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
+projections) and pools laid out like the engine's state pages (the caller builds them: for vLLM
+0.26, ``gdn_graphs.vllm.v0_26.pages.cache_views``). Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
 (1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding) and a
 pure decode for each decode tile the kernel picks by row count. ``tests/test_vllm_warmup.py``
 checks that an engine's launches need no compile the warm-up did not do.
@@ -21,40 +21,11 @@ import numpy as np
 import torch
 
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.runtime.core import run_gdn_core
 from gdn_graphs.ops.decode import default_config
+from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
-__all__ = ["warm_up_kernels", "vllm_cache_views"]
-
-_DONE: set = set()
-
-
-def vllm_cache_views(num_blocks: int, C: int, W: int, HV: int, V: int, K: int, dtype: torch.dtype,
-                     state_dtype: torch.dtype, page_bytes: int | None = None,
-                     conv_dim_first: bool = False, device: torch.device | str = "cpu"):
-    """Conv and state pools as vLLM 0.26 lays out a GDN layer's Mamba pages, in the orientation
-    the plugin hands them to the kernels: conv ``[nb, C, W-1]`` and ssm ``[nb, HV, V, K]``.
-
-    One page per block holds the conv window (vLLM's ``[W-1, C]``, or ``[C, W-1]`` when the conv
-    state is dim-first) and then the state; pages are ``page_bytes`` apart (vLLM pads them to the
-    attention page: ``cache_config.mamba_page_size_padded``; default, unpadded). Both views are
-    ``as_strided`` over one zeroed byte buffer, returned first."""
-    csize, ssize = torch.finfo(dtype).bits // 8, torch.finfo(state_dtype).bits // 8
-    conv_bytes, ssm_bytes = (W - 1) * C * csize, HV * V * K * ssize
-    page = page_bytes or conv_bytes + ssm_bytes
-    if page < conv_bytes + ssm_bytes or page % csize or page % ssize or conv_bytes % ssize:
-        raise ValueError(f"page of {page} bytes cannot hold conv {conv_bytes} + state {ssm_bytes} "
-                         f"bytes at their alignments")
-    raw = torch.zeros(num_blocks * page, dtype=torch.uint8, device=device)
-    if conv_dim_first:
-        conv = torch.as_strided(raw.view(dtype), (num_blocks, C, W - 1), (page // csize, W - 1, 1))
-    else:
-        conv = torch.as_strided(raw.view(dtype), (num_blocks, W - 1, C),
-                                (page // csize, C, 1)).transpose(-1, -2)
-    ssm = torch.as_strided(raw.view(state_dtype), (num_blocks, HV, V, K),
-                           (page // ssize, V * K, K, 1), conv_bytes // ssize)
-    return raw, conv, ssm
+__all__ = ["warm_up_kernels"]
 
 
 def _zeros_like_layout(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -79,25 +50,28 @@ def _decode_row_counts(K: int, V: int, state_dtype: torch.dtype, max_rows: int) 
 def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor, A_log, dt_bias,
                     dtype: torch.dtype, state_dtype: torch.dtype, workspace=None, *,
                     like: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    page_bytes: int | None = None, conv_dim_first: bool = False,
-                    max_decode_rows: int = 1024) -> bool:
-    """Launch every kernel variant an engine step can need, once per (shapes, dtypes, layouts,
-    device). Returns False if already done.
+                    pools: GDNPools | None = None, max_decode_rows: int = 1024,
+                    done: set | None = None) -> bool:
+    """Launch every kernel variant an engine step can need. Returns False, launching nothing, if
+    ``done`` (the caller's record of warm-ups, one per engine) already holds this (shapes, dtypes,
+    layouts, device); records it there otherwise.
 
     conv_weight [C, W] is the layer's. like: the layer's (mixed_qkv, a, b) as the engine passes
-    them (default: contiguous). page_bytes / conv_dim_first: the engine's page layout (see
-    ``vllm_cache_views``). Nothing is mutated but scratch buffers made here.
+    them (default: contiguous). pools: conv [>= 1, C, W-1] and ssm [>= 1, HV, V, K] laid out like
+    the engine's (default: contiguous); no slot of them is read or written. Nothing is mutated but
+    scratch buffers made here.
     """
     device = conv_weight.device
     C, W = conv_weight.shape
     if C != 2 * HK * K + HV * V:
         raise ValueError(f"conv weight has {C} channels, q|k|v have {2 * HK * K + HV * V}")
-    layouts = tuple((t.stride(), t.storage_offset() % 16) for t in like) if like else None
-    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device), layouts, page_bytes, conv_dim_first)
-    if key in _DONE:
+    if pools is None:
+        pools = GDNPools(torch.zeros(1, C, W - 1, dtype=dtype, device=device),
+                         torch.zeros(1, HV, V, K, dtype=state_dtype, device=device))
+    layouts = tuple((t.stride(), t.storage_offset() % 16) for t in (*(like or ()), *pools))
+    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device), layouts)
+    if done is not None and key in done:
         return False
-    _, conv, ssm = vllm_cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes,
-                                    conv_dim_first, device)
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
     T = max(2 + n_pre + 2, max(decode_rows))
@@ -108,14 +82,13 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     x, a, b = (_zeros_like_layout(t, T) for t in like)
     out = torch.empty(T, HV, V, dtype=dtype, device=device)
     rows = max(2 + 1, max(decode_rows))
-    planner = DeviceTablePlanner(rows, T, CHUNK, 8, 8, null_block=0, device=device)
+    planner = DeviceTablePlanner(rows, T, CHUNK, None, 8, null_block=0, device=device)
     table = torch.zeros(rows, 8, dtype=torch.int32, device=device)   # every block null: NO_SLOT
+    weights = GDNWeights(conv_weight, None, A_log, dt_bias)
 
     def step(qsl, n):
-        layout = planner.plan(np.asarray(qsl), np.asarray(n), table)
-        run_gdn_core(x, a, b, conv_weight, None, A_log, dt_bias, conv, ssm, out,
-                     layout.num_decodes, layout.num_prefill_tokens, planner.decode_read,
-                     planner.decode_write, planner.prefill, workspace)
+        gdn_step = planner.plan(np.asarray(qsl), np.asarray(n), table)
+        run_gdn_core(x, a, b, weights, pools, gdn_step, out, workspace)
 
     # mixed steps: 1 and 2 decode rows move the prefill's inputs by one and two rows (their
     # 16-byte alignment can differ), a prefill row from position 37, padding after it
@@ -125,5 +98,6 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         step(list(range(n_rows + 1)), [5] * n_rows)
     if int((planner.slots.flat >= 0).sum()) != 0:
         raise AssertionError("warm-up step addressed a pool slot")  # cannot happen: all null
-    _DONE.add(key)
+    if done is not None:
+        done.add(key)
     return True

@@ -1,1 +1,42 @@
-"""vLLM 0.26 adapter."""
+"""The vLLM 0.26 adapter: everything that depends on vLLM 0.26's internals, and only that.
+
+Modules: ``config`` (registration and the config hook, imported in every vLLM process), ``model``
+(model classes, GDN layer, backend, metadata builder; imported where vLLM builds the model),
+``qwen3_5`` (Qwen3.5's classes; vLLM's Qwen3.5 imports torchvision), ``pages`` (the page layout).
+The version-neutral parts are ``gdn_graphs.vllm.slots``, ``.builder``, ``.warmup`` and
+``gdn_graphs.runtime``.
+
+What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False}`` per engine):
+* ``ModelRegistry.register_model`` for Qwen3NextForCausalLM, Qwen3_5ForConditionalGeneration and
+  Qwen3_5MoeForConditionalGeneration: our subclasses (``all_mode_model``), which declare
+  ``supports_mamba_prefix_caching`` and show vLLM's ``__init__`` ``mamba_cache_mode`` "align"
+  while it builds (vLLM's classes refuse "all" there; nothing else in them reads the mode).
+* ``MODELS_CONFIG_MAP`` entries for the same architectures: ``GDNAllConfig``, which runs vLLM's
+  own entry first, then sets ``cache_config.mamba_cache_mode`` ("all" with prefix caching),
+  ``mamba_block_size`` and ``user_specified_mamba_block_size``; it refuses
+  ``speculative_config``, another cache mode, a block size not a multiple of 64 and any
+  ``prefix_match_unit``.
+* The custom-op out-of-tree registry: ``QwenGatedDeltaNetAttention.register_oot`` with our layer,
+  after popping the private ``op_registry_oot`` entry (idempotent re-registration).
+
+What it reads or overrides:
+* ``QwenGatedDeltaNetAttention``: overrides ``_forward_core`` and ``get_attn_backend``; reads
+  ``conv1d``, ``A_log``, ``dt_bias``, ``kv_cache``, ``prefix``, ``tp_size``, ``num_k_heads``,
+  ``num_v_heads``, ``head_k_dim``, ``head_v_dim``, ``activation``, ``get_state_dtype()``;
+  ``mamba_utils.is_conv_state_dim_first()``.
+* ``GDNAttentionBackend`` (subclassed for ``get_builder_cls``), ``AttentionMetadataBuilder``
+  (``_init_reorder_batch_threshold``), ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``.
+* ``CommonAttentionMetadata``: ``query_start_loc_cpu``, the private ``_seq_lens_cpu`` (else
+  ``seq_lens_cpu_upper_bound``), ``block_table_tensor``, ``num_reqs``, ``num_actual_tokens``;
+  ``NULL_BLOCK_ID``.
+* ``MambaSpec.block_size`` and ``max_num_blocks_per_req`` (the block table's row length);
+  ``cache_config.mamba_page_size_padded`` and the page layout of a GDN layer's Mamba state.
+* ``get_forward_context().attn_metadata`` (None during the profile run: the warm-up),
+  ``compilation_config.static_forward_context`` (the builders find the layers' shared
+  ``GDNResources``), ``compilation_config.max_cudagraph_capture_size``,
+  ``scheduler_config.max_num_seqs`` and ``max_num_batched_tokens``.
+"""
+
+from gdn_graphs.vllm.v0_26.config import register
+
+__all__ = ["register"]

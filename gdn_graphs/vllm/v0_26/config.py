@@ -1,6 +1,5 @@
 """vLLM 0.26: registration and the config hook (light: imported in every vLLM process by the
-plugin entry point; the model/layer/builder module is imported only where vLLM builds the model).
-"""
+plugin entry point; ``model`` is imported only where vLLM builds the model)."""
 
 from __future__ import annotations
 

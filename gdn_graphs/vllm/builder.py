@@ -1,0 +1,87 @@
+"""Version-neutral builder logic: what one vLLM model's GDN layers and metadata builders share, and
+how an engine step becomes a ``GDNStep``.
+
+vLLM makes one metadata builder per KV-cache group (Qwen3-Next and Qwen3.5 have three GDN groups)
+and calls each one every step. Their tables have one shape and the placeholder plan depends only
+on the token counts, so the groups share one ``DeviceTablePlanner`` (one host plan per step) and
+each gathers its own block ids into its own ``SlotSet``. The planner, the chunk workspace and the
+record of kernel warm-ups live in a ``GDNResources``, one per model instance (the model class
+makes it; builders reach it through the layers vLLM registers), so nothing is module-global.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.runtime.step import GDNStep
+from gdn_graphs.vllm.slots import DeviceTablePlanner
+
+__all__ = ["GDNResources", "StepBuilder"]
+
+
+class GDNResources:
+    """Shared by the GDN layers and builders of one model: the placeholder planner, one chunk
+    workspace per shape and the warm-ups done.
+
+    max_reqs: rows of a step (a CUDA-graph bucket may pad a decode batch past max_num_seqs);
+    max_tokens: tokens of a step.
+    """
+
+    def __init__(self, max_reqs: int, max_tokens: int):
+        self.max_reqs, self.max_tokens = max_reqs, max_tokens
+        self._planner: DeviceTablePlanner | None = None
+        self._planner_key: tuple | None = None
+        self._workspaces: dict[tuple, ChunkWorkspace] = {}
+        self.warmed_up: set = set()   # warm_up_kernels' record (``done``)
+
+    def planner(self, block_size: int, table_width: int, null_block: int,
+                device: torch.device) -> DeviceTablePlanner:
+        """The planner of every GDN group (made by the first builder, sized by its arguments)."""
+        key = (block_size, table_width, null_block, str(device))
+        if self._planner is None:
+            self._planner = DeviceTablePlanner(self.max_reqs, self.max_tokens, block_size, None,
+                                               table_width, null_block=null_block, device=device)
+            self._planner_key = key
+        elif key != self._planner_key:
+            raise ValueError(f"GDN groups disagree on (block size, table width, null block, "
+                             f"device): {key} against {self._planner_key}")
+        return self._planner
+
+    def workspace(self, HV: int, K: int, V: int, HK: int, dtype: torch.dtype,
+                  device: torch.device) -> ChunkWorkspace:
+        """The chunk kernels' scratch, one per (shape, dtype, device), shared by every layer."""
+        key = (HV, K, V, HK, dtype, str(device))
+        ws = self._workspaces.get(key)
+        if ws is None:
+            ws = self._workspaces[key] = ChunkWorkspace(self.max_tokens, HV, K, V, dtype, device,
+                                                        HK=HK)
+        return ws
+
+
+class StepBuilder:
+    """One KV-cache group's step builder: token counts (host) and block table (device) -> GDNStep
+    over the group's persistent slot buffers."""
+
+    def __init__(self, resources: GDNResources, block_size: int, table_width: int,
+                 null_block: int, device: torch.device):
+        self.planner = resources.planner(block_size, table_width, null_block, device)
+        self.slots = self.planner.new_slots()
+
+    def build(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_table: torch.Tensor,
+              num_reqs: int) -> GDNStep:
+        """query_start_loc [rows + 1] and seq_lens [>= rows] on the host (tokens computed before
+        the step = seq_lens - scheduled), the group's block table on the device; a pure decode
+        step is padded to ``num_reqs`` decode rows (the CUDA-graph bucket)."""
+        rows = len(query_start_loc) - 1
+        n = seq_lens[:rows] - (query_start_loc[1:] - query_start_loc[:-1])
+        return self.planner.plan(query_start_loc, n, block_table, pad_decodes_to=num_reqs,
+                                 slots=self.slots)
+
+    def build_for_capture(self, query_start_loc, seq_lens, block_table, num_reqs) -> GDNStep:
+        """A step for capturing a graph on the engine's dummy batch: every decode row reads and
+        writes nothing (the dummy table's blocks belong to no request)."""
+        step = self.build(query_start_loc, seq_lens, block_table, num_reqs)
+        self.slots.clear_decode_slots()
+        return step

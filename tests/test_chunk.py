@@ -65,7 +65,7 @@ def make_pool(num_slots, HV, V, K, dtype, device, pad=8):
 
 
 def plan(seqs, B, num_slots, rng, drop=()):
-    """Slots by the DESIGN rules from a random block table per sequence: read table[(n-1)//B]
+    """Slots by the README's block arithmetic from a random block table per sequence: read table[(n-1)//B]
     (-1 when n == 0), write table[(n+q-1)//B], checkpoint p -> table[p//B - 1]. Indices in
     ``drop`` = (seq, e) get checkpoint slot -1. Distinct sequences use distinct slots."""
     free = list(range(num_slots))

@@ -1,1 +1,24 @@
-"""GDN kernels (Triton) and the plain PyTorch reference they are tested against."""
+"""GDN kernels (Triton) and the plain PyTorch reference they are tested against.
+
+    meta.py       ChunkMeta: a varlen prefill batch (spans, slots, checkpoints) on the device
+    common.py     shared by the kernels: Triton helpers (softplus, l2norm, gates), host checks
+    decode.py     gdn_decode, gdn_decode_multi: gating + q/k l2norm + state update, slot to slot
+    workspace.py  ChunkWorkspace, ChunkConfig: the buffers and launch knobs of chunk prefill
+    chunk.py      gdn_chunk_prefill: chunked prefill storing block-boundary states into the pool
+    conv.py       conv_decode, conv_prefill: causal depthwise conv1d (+ SiLU) over a conv pool
+    reference.py  plain PyTorch GDN recurrence and causal conv1d in float64: the truth for tests
+"""
+
+from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
+from gdn_graphs.ops.conv import conv_decode, conv_prefill
+from gdn_graphs.ops.decode import default_config, gdn_decode, gdn_decode_multi, pdl_supported
+from gdn_graphs.ops.meta import ChunkMeta, chunk_meta, host_chunk_meta, make_chunk_meta
+from gdn_graphs.ops.reference import causal_conv1d_ref, gdn_gating, gdn_recurrent_ref, l2norm
+
+__all__ = [
+    "gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported",
+    "gdn_chunk_prefill", "ChunkWorkspace", "ChunkConfig",
+    "conv_decode", "conv_prefill",
+    "ChunkMeta", "chunk_meta", "host_chunk_meta", "make_chunk_meta",
+    "gdn_gating", "l2norm", "gdn_recurrent_ref", "causal_conv1d_ref",
+]

@@ -42,68 +42,20 @@ the GPU's bf16 arithmetic up to summation order.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.common import (FLOAT_DTYPES, check_meta, fail, gdn_gate, interpreting,
+                                   inv_l2norm)
 from gdn_graphs.ops.meta import ChunkMeta
+from gdn_graphs.ops.workspace import DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class ChunkConfig:
-    """Launch knobs (no autotuning: the kernels write the pool in place, so they must run once).
-
-    bv: V tile of the sequential kernel (programs per sequence and head = V / bv).
-    warps_intra / warps_seq: num_warps of the two kernels. stages: software-pipelining depth of the
-    sequential kernel's chunk loop. dot_precision: input precision of the dots when the inputs are
-    fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but spills
-    registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
-    inputs, "tf32" otherwise). The interpreter always computes in fp32.
-
-    Defaults and limits come from the H200 sweep (profiling/results/2026-11-29): bv 32, 4 warps,
-    3 stages was fastest on 1x8192 bf16 (12.9 M tok/s against 11.8 with 2 stages, before the
-    intra kernel's inverse got 1.6x faster; 8 intra warps were slower); fp32 inputs
-    need twice the shared memory per stage, and 3 stages do not fit (279 KB > 227 KB), so
-    ``stages=None`` means 3 for 16-bit inputs and 2 for fp32. ``stages=1`` is
-    refused: with Triton 3.6 on an H200 it gave wrong outputs for bv <= 32 (relative difference
-    up to 1.2, NaN) and one illegal memory access (bv 16, 8 warps), while every pipelined config
-    matched the default bit for bit.
-    """
-
-    bv: int = 32
-    warps_intra: int = 4
-    warps_seq: int = 4
-    stages: int | None = None
-    dot_precision: str | None = None
-    inv_precision: str | None = None
-
-    def __post_init__(self):
-        if self.bv not in (16, 32, 64):
-            raise ValueError(f"ChunkConfig.bv must be 16, 32 or 64, got {self.bv}")
-        for name in ("warps_intra", "warps_seq"):
-            if getattr(self, name) not in (4, 8):
-                raise ValueError(f"ChunkConfig.{name} must be 4 or 8, got {getattr(self, name)}")
-        if self.stages not in (None, 2, 3):
-            raise ValueError(f"ChunkConfig.stages must be None, 2 or 3 (1 miscompiles, see the docstring), "
-                             f"got {self.stages}")
-        for name in ("dot_precision", "inv_precision"):
-            if getattr(self, name) not in (None, "ieee", "tf32", "tf32x3"):
-                raise ValueError(f"ChunkConfig.{name} must be None, 'ieee', 'tf32' or 'tf32x3'")
-
-    def stages_for(self, dtype: torch.dtype) -> int:
-        """Pipelining depth for inputs of ``dtype`` (see the class docstring)."""
-        if self.stages is not None:
-            return self.stages
-        return 2 if dtype == torch.float32 else 3
-
-
-DEFAULT_CONFIG = ChunkConfig()
+__all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace", "chunk_intra_fwd",
+           "chunk_seq_fwd"]
 
 
 @triton.jit
@@ -128,13 +80,24 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
 
+@triton.jit
+def _chunk_rows(bos, eos, off, j, o_c, BC: tl.constexpr):
+    """Chunk j of the span [bos, eos) of flat tokens whose first token sits at offset ``off`` in
+    its chunk: chunk j covers absolute positions [(n // BC + j) * BC, + BC) clipped to the span.
+    Returns its end (flat, exclusive) and, per row o_c of the tile, whether it is a token of the
+    chunk and its flat index (int64): rows count from the chunk's first token."""
+    cs = bos + tl.maximum(j * BC - off, 0)
+    ce = tl.minimum(bos + (j + 1) * BC - off, eos)
+    return ce, o_c < (ce - cs), (cs + o_c).to(tl.int64)
+
+
 # Integer arguments that change with the engine rather than the model are not specialised on
 # (Triton keys a compiled kernel on ints being 1 or multiples of 16): T, the step's token count,
 # only bounds the padding loop and masks; max_seqs / max_chunks are the planner's limits, which
 # differ between a warm-up and the engine; the row strides of a and b (read one scalar per row)
 # depend on how the engine packs its gate projections. Otherwise the first request recompiles
-# what the warm-up compiled. (Under vLLM the first warm prefix-cache hit once took 1.48 s and the
-# next 0.024 s.)
+# what the warm-up compiled, which under vLLM stalls that request for over a second.
+# (Measurements: profiling/results/2026-11-29/VLLM.md.)
 @triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
@@ -182,29 +145,25 @@ def _chunk_intra_kernel(
     bos = tl.load(cu_seqlens + i_n)
     eos = tl.load(cu_seqlens + i_n + 1)
     off = tl.load(start_pos + i_n) % BC
-    # chunk j covers absolute [(n // 64 + j) * 64, +64) clipped to the span; rows from its start
-    cs = bos + tl.maximum(i_j * BC - off, 0)
-    ce = tl.minimum(bos + (i_j + 1) * BC - off, eos)
-    m_t = o_c < (ce - cs)
-    rows = (cs + o_c).to(tl.int64)
+    _, m_t, rows = _chunk_rows(bos, eos, off, i_j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
 
     # gates (fp32); invalid rows get g = 0 and beta = 0 so they change nothing
     b_a = tl.load(a + rows * s_at + i_h, mask=m_t, other=0.).to(tl.float32)
     b_b = tl.load(b + rows * s_bt + i_h, mask=m_t, other=0.).to(tl.float32)
-    x = b_a + tl.load(dt_bias + i_h).to(tl.float32)
-    softplus = tl.maximum(x, 0.) + tl.log(1. + tl.exp(-tl.abs(x)))
-    b_g = tl.where(m_t, -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus, 0.)
-    b_beta = tl.where(m_t, 1. / (1. + tl.exp(-b_b)), 0.)
+    neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
+    b_g, b_beta = gdn_gate(b_a, b_b, neg_A, tl.load(dt_bias + i_h).to(tl.float32))
+    b_g = tl.where(m_t, b_g, 0.)
+    b_beta = tl.where(m_t, b_beta, 0.)
     b_gc = tl.cumsum(b_g, 0)
 
     # l2-normalised k and scaled q, in fp32 then in the operand dtype
     b_k = tl.load(k + rows[:, None] * s_kt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_k = b_k.to(tl.float32)
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    b_k = b_k * inv_l2norm(b_k, 1)[:, None]
     b_q = tl.load(q + rows[:, None] * s_qt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_q = b_q.to(tl.float32)
-    b_q = b_q * (tl.rsqrt(tl.sum(b_q * b_q, 1) + 1e-6) * scale)[:, None]
+    b_q = b_q * (inv_l2norm(b_q, 1) * scale)[:, None]
     b_kb = _cast(b_k, w_ws.dtype.element_ty, INTERPRET)
     b_qb = _cast(b_q, w_ws.dtype.element_ty, INTERPRET)
     if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
@@ -231,8 +190,8 @@ def _chunk_intra_kernel(
     # a [4, 16, 16] batch, Ad[i] = A[16i:16i+16, 16i:16i+16], inverted by forward substitution on
     # all four at once. X = D - I is strictly lower and row r of X is -Ad[r] - sum_{j<r} Ad[r, j]
     # X[j]; rows >= r of X still hold -Ad, whose entries at j >= r are zero, so the full sum is
-    # right. (On the masked 64 x 64 tile this loop was 3.3x the PTX and
-    # had barriers; the batch made the kernel 1.6x faster on an H200.)
+    # right. (The batch, rather than the masked 64 x 64 tile, keeps the loop small and free of
+    # barriers, and is much faster; measurements: profiling/results/2026-11-30/SUMMARY.md.)
     i4 = tl.arange(0, 4)
     on_diag = (i4[:, None] == i4[None, :])[:, None, :, None]
     b_X = -tl.sum(tl.where(on_diag, tl.reshape(b_A, [4, 16, 4, 16]), 0.), 2)
@@ -257,7 +216,7 @@ def _chunk_intra_kernel(
     b_w = _dot(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
     tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], _cast(b_w, DT, INTERPRET),
              mask=m_tk)
-    # (loading v at the top instead took 40 fewer registers and was no faster)
+    # (v is loaded only here: loading it at the top was no faster; see the same SUMMARY.md)
     m_tv = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
     b_u = _dot(_cast(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
@@ -272,10 +231,7 @@ def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slot
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
                DOT_PREC: tl.constexpr, ROUND_STATE: tl.constexpr, INTERPRET: tl.constexpr):
     """Chunk j of one sequence for one (head, V tile): output rows, state update, checkpoint."""
-    cs = bos + tl.maximum(j * BC - off, 0)
-    ce = tl.minimum(bos + (j + 1) * BC - off, eos)
-    m_t = o_c < (ce - cs)
-    rows = (cs + o_c).to(tl.int64)
+    ce, m_t, rows = _chunk_rows(bos, eos, off, j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
     b_w = tl.load(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
@@ -351,9 +307,9 @@ def _chunk_seq_kernel(
     p_state = i_h * (V * K) + o_v[None, :] * K + o_k[:, None]
     m_state = m_k[:, None] & m_v[None, :]
 
-    rd = tl.load(read_slot + i_n)
-    b_S = tl.load(ssm + tl.maximum(rd, 0).to(tl.int64) * s_slot + p_state,
-                  mask=m_state & (rd >= 0), other=0.).to(tl.float32)
+    r_slot = tl.load(read_slot + i_n)
+    b_S = tl.load(ssm + tl.maximum(r_slot, 0).to(tl.int64) * s_slot + p_state,
+                  mask=m_state & (r_slot >= 0), other=0.).to(tl.float32)
 
     # tl.range lets Triton software-pipeline the loads of the next chunk; the interpreter (numpy
     # >= 2) cannot take a loaded scalar as a range bound, so it runs the same body in a while loop
@@ -372,118 +328,57 @@ def _chunk_seq_kernel(
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                              HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET)
 
-    wr = tl.load(write_slot + i_n)
-    tl.store(ssm + tl.maximum(wr, 0).to(tl.int64) * s_slot + p_state,
-             _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & (wr >= 0))
+    w_slot = tl.load(write_slot + i_n)
+    tl.store(ssm + tl.maximum(w_slot, 0).to(tl.int64) * s_slot + p_state,
+             _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & (w_slot >= 0))
 
 
-class ChunkWorkspace:
-    """Persistent intermediates of gdn_chunk_prefill for up to ``max_tokens`` tokens.
-
-    Per token: w [HV, K] and u [HV, V] (the WY factors), P [HV, 64] (the decayed causal q.k row of
-    its chunk), the chunk-local cumsum of g [HV] (fp32), and the normalised q and k of each key head
-    ([HK, K] each; pass ``HK`` to size them, default room for HK = HV). ``dtype`` is the input dtype
-    of q, k, v; all but the cumsum are kept in it. That is max_tokens * (HV * (K + V + 64) + 2 * HK * K)
-    elements plus max_tokens * HV floats; nothing of size T/64 * HV * V * K. The workspace only
-    carries data between the two kernels of one call, so one serves every layer.
-    """
-
-    def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None):
-        if dtype not in _FLOATS:
-            raise ValueError(f"workspace dtype must be one of {_FLOATS}, got {dtype}")
-        HK = HV if HK is None else HK
-        if max_tokens < 1 or min(HV, K, V, HK) < 1 or HK > HV:
-            raise ValueError(f"need max_tokens, HV, K, V >= 1 and 1 <= HK <= HV, got "
-                             f"{max_tokens}, {HV}, {K}, {V}, HK={HK}")
-        self.max_tokens, self.HV, self.K, self.V, self.HK = int(max_tokens), int(HV), int(K), int(V), int(HK)
-        self.dtype, self.device = dtype, torch.device(device)
-        n = self.max_tokens
-        mk = dict(dtype=dtype, device=device)
-        self.w = torch.empty(n, HV, K, **mk)
-        self.u = torch.empty(n, HV, V, **mk)
-        self.p = torch.empty(n, HV, CHUNK, **mk)
-        self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
-        self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
-        self.kn = torch.empty(n, HK, K, **mk)
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w, self.u, self.p, self.g, self.qs, self.kn))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _err(msg):
-    raise ValueError(f"gdn_chunk_prefill: {msg}")
+_fail = functools.partial(fail, "gdn_chunk_prefill")  # every message starts "gdn_chunk_prefill: "
 
 
 def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
     for name, t in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm).items():
         if not isinstance(t, torch.Tensor):
-            _err(f"{name} must be a tensor")
-        if not t.is_floating_point() or t.dtype not in _FLOATS:
-            _err(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
+            _fail(f"{name} must be a tensor")
+        if not t.is_floating_point() or t.dtype not in FLOAT_DTYPES:
+            _fail(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        _err("q, k must be [T, HK, K] and v [T, HV, V]")
+        _fail("q, k must be [T, HK, K] and v [T, HV, V]")
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     if k.shape != q.shape or v.shape[0] != T:
-        _err(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        _fail(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
-        _err(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        _fail(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if HK < 1 or HV % HK:
-        _err(f"HV ({HV}) must be a multiple of HK ({HK})")
+        _fail(f"HV ({HV}) must be a multiple of HK ({HK})")
     if K < 16 or V < 16:
-        _err(f"K and V must be at least 16, got K={K}, V={V}")
+        _fail(f"K and V must be at least 16, got K={K}, V={V}")
     for name, t, d in (("q", q, K), ("k", k, K), ("v", v, V)):
         if t.stride(2) != 1 or t.stride(1) != d:
-            _err(f"{name} needs a contiguous last dim and head stride = head dim, got strides {t.stride()}")
+            _fail(f"{name} needs a contiguous last dim and head stride = head dim, got strides {t.stride()}")
     for name, t in (("a", a), ("b", b)):
         if tuple(t.shape) != (T, HV) or t.stride(1) != 1:
-            _err(f"{name} must be [T, HV] = {(T, HV)} with a contiguous last dim, got "
-                 f"{tuple(t.shape)} strides {t.stride()}")
+            _fail(f"{name} must be [T, HV] = {(T, HV)} with a contiguous last dim, got "
+                  f"{tuple(t.shape)} strides {t.stride()}")
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
         if tuple(t.shape) != (HV,) or t.stride(0) != 1:
-            _err(f"{name} must be a contiguous [HV] = [{HV}] tensor, got {tuple(t.shape)}")
+            _fail(f"{name} must be a contiguous [HV] = [{HV}] tensor, got {tuple(t.shape)}")
     if ssm.dim() != 4 or tuple(ssm.shape[1:]) != (HV, V, K):
-        _err(f"ssm must be [num_slots, HV, V, K] = [*, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
+        _fail(f"ssm must be [num_slots, HV, V, K] = [*, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
     if ssm.stride(3) != 1 or ssm.stride(2) != K or ssm.stride(1) != V * K or ssm.stride(0) < HV * V * K:
-        _err(f"ssm's inner [HV, V, K] must be contiguous, got strides {ssm.stride()}")
-    if not isinstance(meta, ChunkMeta):
-        _err("meta must be a ChunkMeta")
-    if not isinstance(meta.block_size, int) or meta.block_size <= 0 or meta.block_size % CHUNK:
-        _err(f"meta.block_size must be a positive multiple of {CHUNK}, got {meta.block_size}")
-    ms = meta.max_seqs
-    for name, size in (("cu_seqlens", ms + 1), ("start_pos", ms), ("read_slot", ms), ("write_slot", ms),
-                       ("ckpt_offsets", ms + 1), ("ckpt_slots", None), ("chunk_seq", None),
-                       ("chunk_idx", meta.max_chunks)):
-        t = getattr(meta, name)
-        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
-            _err(f"meta.{name} must be a contiguous 1-D int32 tensor")
-        if size is not None and t.shape[0] != size:
-            _err(f"meta.{name} must have {size} entries, has {t.shape[0]}")
-        if t.device != q.device:
-            _err(f"meta.{name} is on {t.device}, inputs on {q.device}")
-    if meta.ckpt_slots.shape[0] < 1:
-        _err("meta.ckpt_slots must hold at least one entry")
+        _fail(f"ssm's inner [HV, V, K] must be contiguous, got strides {ssm.stride()}")
+    check_meta("gdn_chunk_prefill", meta, q.device, ref="q")
     for name, t in dict(k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm).items():
         if t.device != q.device:
-            _err(f"{name} is on {t.device}, q on {q.device}")
+            _fail(f"{name} is on {t.device}, q on {q.device}")
     if out is not None:
-        if tuple(out.shape) != (T, HV, V) or out.dtype not in _FLOATS:
-            _err(f"out must be a float [T, HV, V] = {(T, HV, V)} tensor, got {tuple(out.shape)} {out.dtype}")
+        if tuple(out.shape) != (T, HV, V) or out.dtype not in FLOAT_DTYPES:
+            _fail(f"out must be a float [T, HV, V] = {(T, HV, V)} tensor, got {tuple(out.shape)} {out.dtype}")
         if out.stride(2) != 1 or out.stride(1) != V or out.device != q.device:
-            _err(f"out needs a contiguous last dim, head stride V and q's device, got strides {out.stride()}")
+            _fail(f"out needs a contiguous last dim, head stride V and q's device, got strides {out.stride()}")
     if workspace is not None:
-        ws = workspace
-        if not isinstance(ws, ChunkWorkspace):
-            _err("workspace must be a ChunkWorkspace")
-        if (ws.HV, ws.K, ws.V) != (HV, K, V) or ws.HK < HK or ws.dtype != q.dtype or ws.max_tokens < T:
-            _err(f"workspace (max_tokens={ws.max_tokens}, HV={ws.HV}, HK<={ws.HK}, K={ws.K}, V={ws.V}, "
-                 f"{ws.dtype}) does not fit T={T}, HV={HV}, HK={HK}, K={K}, V={V}, {q.dtype}")
-        if ws.w.device != q.device:
-            _err(f"workspace is on {ws.w.device}, inputs on {q.device}")
+        check_workspace("gdn_chunk_prefill", workspace, T, HK, HV, K, V, q.dtype, q.device)
 
 
 def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
@@ -502,7 +397,7 @@ def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta
         float(scale),
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BVF=triton.next_power_of_2(V), BC=CHUNK,
-        DOT_PREC=dot_precision, INV_PREC=inv_precision, INTERPRET=_interpreting(),
+        DOT_PREC=dot_precision, INV_PREC=inv_precision, INTERPRET=interpreting(),
         num_warps=num_warps,
     )
 
@@ -522,7 +417,7 @@ def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=bv, BC=CHUNK,
         DOT_PREC=dot_precision, NUM_STAGES=num_stages, ROUND_STATE=ssm.dtype != torch.float32,
-        INTERPRET=_interpreting(), num_warps=num_warps,
+        INTERPRET=interpreting(), num_warps=num_warps,
     )
 
 

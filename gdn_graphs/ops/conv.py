@@ -35,9 +35,11 @@ import triton
 import triton.language as tl
 
 from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.common import FLOAT_DTYPES, check_meta, check_slots, fail
+
+__all__ = ["conv_decode", "conv_prefill"]
 
 MAX_WIDTH = 8
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACTIVATIONS = ("silu", None)
 
 # Defaults; every public function takes overrides.
@@ -56,7 +58,7 @@ PREFILL_BLOCK_E = 16  # checkpoints stored per iteration by chunk 0's program
 def _conv_decode_kernel(
     x, weight, bias, conv, y, read_slot, write_slot,
     C,
-    stride_x, stride_y, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
+    stride_x, stride_y, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
     W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
 ):
@@ -67,10 +69,11 @@ def _conv_decode_kernel(
     o_m = tl.arange(0, WP)
     m_m = o_m < W - 1
 
-    rs = tl.load(read_slot + i_n)
-    ws = tl.load(write_slot + i_n)
-    has_init = rs >= 0
-    src = conv + rs.to(tl.int64) * stride_ss + o_c * stride_sc  # [BLOCK_C] (deref'ed only if rs >= 0)
+    r_slot = tl.load(read_slot + i_n)
+    w_slot = tl.load(write_slot + i_n)
+    has_init = r_slot >= 0
+    # [BLOCK_C] (dereferenced only if r_slot >= 0)
+    src = conv + r_slot.to(tl.int64) * stride_slot + o_c * stride_sc
 
     # Phase 1: every load. Layouts of loads and stores may differ (different threads own the same
     # element), so in-place (read == write, or out == x) needs all loads done before the barrier.
@@ -87,7 +90,7 @@ def _conv_decode_kernel(
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     # A padded row (both slots -1) outputs zeros.
-    acc = tl.where((rs < 0) & (ws < 0), 0.0, acc)
+    acc = tl.where((r_slot < 0) & (w_slot < 0), 0.0, acc)
     # New window [c, m] = old window [c, m + 1] for m < W - 2, x for m = W - 2.
     shifted = tl.load(src[:, None] + (o_m + 1)[None, :] * stride_sk,
                       mask=m_c[:, None] & ((o_m + 1 < W - 1) & has_init)[None, :], other=0.0)
@@ -96,8 +99,9 @@ def _conv_decode_kernel(
     tl.debug_barrier()
     # Phase 2: stores.
     tl.store(y + i_n * stride_y + o_c, acc.to(y.dtype.element_ty), mask=m_c)
-    dst = conv + ws.to(tl.int64) * stride_ss + o_c[:, None] * stride_sc + o_m[None, :] * stride_sk
-    tl.store(dst, new.to(conv.dtype.element_ty), mask=(m_c[:, None] & m_m[None, :]) & (ws >= 0))
+    dst = (conv + w_slot.to(tl.int64) * stride_slot + o_c[:, None] * stride_sc
+           + o_m[None, :] * stride_sk)
+    tl.store(dst, new.to(conv.dtype.element_ty), mask=(m_c[:, None] & m_m[None, :]) & (w_slot >= 0))
 
 
 @triton.jit
@@ -128,12 +132,12 @@ def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x
 # stride (an engine's page size; it only addresses the few window loads and checkpoint stores per
 # sequence, where an alignment proof buys nothing).
 @triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
-@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "stride_ss"])
+@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "stride_slot"])
 def _conv_prefill_kernel(
     x, weight, bias, conv, y,
     cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, chunk_seq, chunk_idx,
     T, C, max_seqs, max_chunks, block_size,
-    stride_x, stride_y, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
+    stride_x, stride_y, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
 ):
@@ -184,13 +188,13 @@ def _conv_prefill_kernel(
 
     if first:
         # All of this sequence's pool traffic, for this channel block.
-        rs = tl.load(read_slot + seq)
-        ws = tl.load(write_slot + seq)
+        r_slot = tl.load(read_slot + seq)
+        w_slot = tl.load(write_slot + seq)
         e_lo = tl.load(ckpt_offsets + seq)
         nck = tl.load(ckpt_offsets + seq + 1) - e_lo
         q = eos - bos
-        has_init = rs >= 0
-        init = conv + rs.to(tl.int64) * stride_ss + o_c * stride_sc  # [BLOCK_C]
+        has_init = r_slot >= 0
+        init = conv + r_slot.to(tl.int64) * stride_slot + o_c * stride_sc  # [BLOCK_C]
         o_m = tl.arange(0, WP)
         m_m = o_m < W - 1
         # Head tile: tokens bos + i, i < min(W - 1, q). Tap k of token i is span index
@@ -217,14 +221,14 @@ def _conv_prefill_kernel(
         # Phase 1: the reads that may touch the pool. The final window is the last W - 1 inputs
         # (span index q - W + 1 ...); checkpoint 0's, the W - 1 inputs before p_0.
         p0 = (n // block_size + 1) * block_size
-        fin = _load_window(x, init, bos, q - (W - 1), q, ws >= 0, has_init, o_c, m_c, o_m, m_m,
+        fin = _load_window(x, init, bos, q - (W - 1), q, w_slot >= 0, has_init, o_c, m_c, o_m, m_m,
                            stride_x, stride_sk, W)
         ck0 = _load_window(x, init, bos, p0 - n - (W - 1), q, nck > 0, has_init, o_c, m_c, o_m,
                            m_m, stride_x, stride_sk, W)
         tl.debug_barrier()
         # Phase 2: checkpoints in order, then the final window.
         s0 = tl.load(ckpt_slots + e_lo, mask=nck > 0, other=-1)
-        tl.store(conv + s0.to(tl.int64) * stride_ss + pc, ck0.to(conv.dtype.element_ty),
+        tl.store(conv + s0.to(tl.int64) * stride_slot + pc, ck0.to(conv.dtype.element_ty),
                  mask=m_cm & (s0 >= 0))
         # Checkpoints e >= 1 sit at least B - W + 1 > 0 tokens into the span: x only, no pool reads.
         # (A while loop: the Triton interpreter cannot take a loaded scalar as a range bound.)
@@ -236,13 +240,13 @@ def _conv_prefill_kernel(
             m3 = (se >= 0)[:, None, None] & m_cm[None, :, :]
             vals = tl.load(x + (src[:, None, None] + o_m[None, None, :]).to(tl.int64) * stride_x
                            + o_c[None, :, None], mask=m3, other=0.0)
-            tl.store(conv + se.to(tl.int64)[:, None, None] * stride_ss + pc[None, :, :],
+            tl.store(conv + se.to(tl.int64)[:, None, None] * stride_slot + pc[None, :, :],
                      vals.to(conv.dtype.element_ty), mask=m3)
             e += BLOCK_E
             e0 += BLOCK_E
         tl.debug_barrier()
-        tl.store(conv + ws.to(tl.int64) * stride_ss + pc, fin.to(conv.dtype.element_ty),
-                 mask=m_cm & (ws >= 0))
+        tl.store(conv + w_slot.to(tl.int64) * stride_slot + pc, fin.to(conv.dtype.element_ty),
+                 mask=m_cm & (w_slot >= 0))
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -250,54 +254,44 @@ def _conv_prefill_kernel(
 # --------------------------------------------------------------------------------------------- #
 
 
-def _check_common(x, weight, bias, conv, out, activation, rows_name):
+def _check_common(fn, x, weight, bias, conv, out, activation, rows_name):
+    """Checks shared by both public functions (``fn``: which one, for the messages)."""
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+        fail(fn, f"activation must be 'silu' or None, got {activation!r}")
     if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [{rows_name}, C], got shape {tuple(x.shape)}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+        fail(fn, f"x must be 2-D [{rows_name}, C], got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        fail(fn, f"x must be float16, bfloat16 or float32, got {x.dtype}")
     if x.shape[1] > 1 and x.stride(1) != 1:
-        raise ValueError(f"x must be contiguous along channels (stride(1) == 1), got {x.stride()}")
+        fail(fn, f"x must be contiguous along channels (stride(1) == 1), got {x.stride()}")
     if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [C, W], got shape {tuple(weight.shape)}")
+        fail(fn, f"weight must be 2-D [C, W], got shape {tuple(weight.shape)}")
     C, W = weight.shape
     if not 2 <= W <= MAX_WIDTH:
-        raise ValueError(f"kernel width W must be in [2, {MAX_WIDTH}], got {W}")
+        fail(fn, f"kernel width W must be in [2, {MAX_WIDTH}], got {W}")
     if x.shape[1] != C:
-        raise ValueError(f"x has {x.shape[1]} channels, weight has {C}")
-    if weight.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"weight must be a float tensor, got {weight.dtype}")
+        fail(fn, f"x has {x.shape[1]} channels, weight has {C}")
+    if weight.dtype not in FLOAT_DTYPES:
+        fail(fn, f"weight must be a float tensor, got {weight.dtype}")
     if bias is not None:
-        if bias.shape != (C,) or bias.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"bias must be a float [{C}] tensor, got {tuple(bias.shape)} {bias.dtype}")
+        if bias.shape != (C,) or bias.dtype not in FLOAT_DTYPES:
+            fail(fn, f"bias must be a float [{C}] tensor, got {tuple(bias.shape)} {bias.dtype}")
         if C > 1 and bias.stride(0) != 1:
-            raise ValueError("bias must be contiguous")
+            fail(fn, "bias must be contiguous")
     if conv.dim() != 3 or conv.shape[1] != C or conv.shape[2] != W - 1:
-        raise ValueError(f"conv pool must be [num_slots, {C}, {W - 1}], got {tuple(conv.shape)}")
-    if conv.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"conv pool must be float16, bfloat16 or float32, got {conv.dtype}")
+        fail(fn, f"conv pool must be [num_slots, {C}, {W - 1}], got {tuple(conv.shape)}")
+    if conv.dtype not in FLOAT_DTYPES:
+        fail(fn, f"conv pool must be float16, bfloat16 or float32, got {conv.dtype}")
     if out is not None:
         if out.shape != x.shape:
-            raise ValueError(f"out must have x's shape {tuple(x.shape)}, got {tuple(out.shape)}")
+            fail(fn, f"out must have x's shape {tuple(x.shape)}, got {tuple(out.shape)}")
         if out.dtype != x.dtype:
-            raise ValueError(f"out must have x's dtype {x.dtype}, got {out.dtype}")
+            fail(fn, f"out must have x's dtype {x.dtype}, got {out.dtype}")
         if C > 1 and out.stride(1) != 1:
-            raise ValueError(f"out must be contiguous along channels, got strides {out.stride()}")
+            fail(fn, f"out must be contiguous along channels, got strides {out.stride()}")
     for name, t in (("weight", weight), ("bias", bias), ("conv", conv), ("out", out)):
         if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
-
-
-def _check_slots(name, t, n, device):
-    if t.dtype != torch.int32 or t.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32 tensor, got {t.dtype} {tuple(t.shape)}")
-    if t.shape[0] < n:
-        raise ValueError(f"{name} has {t.shape[0]} entries, need at least {n}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, x on {device}")
-    if t.shape[0] > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous")
+            fail(fn, f"{name} is on {t.device}, x on {x.device}")
 
 
 def _overlaps(a, b):
@@ -312,11 +306,45 @@ def _overlaps(a, b):
     return a0 < b1 and b0 < a1
 
 
-def _block_c(block_c, default, C):
+def _block_c(fn, block_c, default, C):
+    """The channel tile: ``block_c``, or ``default`` capped at C rounded up to a power of two."""
     bc = min(default, triton.next_power_of_2(C)) if block_c is None else block_c
     if bc < 1 or bc & (bc - 1):
-        raise ValueError(f"block_c must be a power of two, got {bc}")
+        fail(fn, f"block_c must be a power of two, got {bc}")
     return bc
+
+
+# --------------------------------------------------------------------------------------------- #
+# launchers (arguments checked by the public functions; nothing here syncs or allocates)
+# --------------------------------------------------------------------------------------------- #
+
+
+def _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, silu, BLOCK_C, num_warps):
+    """Grid (N, cdiv(C, BLOCK_C)) over x [N, C]; writes out [N, C] and the write slots of conv."""
+    (N, C), W = x.shape, weight.shape[1]
+    _conv_decode_kernel[(N, triton.cdiv(C, BLOCK_C))](
+        x, weight, bias, conv, out, read_slot, write_slot,
+        C,
+        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
+        conv.stride(0), conv.stride(1), conv.stride(2),
+        W=W, WP=triton.next_power_of_2(W - 1), BLOCK_C=BLOCK_C, SILU=silu, num_warps=num_warps,
+    )
+
+
+def _launch_prefill(x, weight, bias, conv, out, meta, tiles, silu, BLOCK_C, BLOCK_E, num_warps):
+    """Grid (cdiv(C, BLOCK_C), tiles) over x [T, C]; writes out [T, C] (padding rows too) and the
+    write and checkpoint slots of conv."""
+    (T, C), W = x.shape, weight.shape[1]
+    _conv_prefill_kernel[(triton.cdiv(C, BLOCK_C), tiles)](
+        x, weight, bias, conv, out,
+        meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
+        meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx,
+        T, C, meta.max_seqs, meta.max_chunks, meta.block_size,
+        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
+        conv.stride(0), conv.stride(1), conv.stride(2),
+        W=W, WP=triton.next_power_of_2(W - 1), BT=CHUNK, BLOCK_C=BLOCK_C, BLOCK_E=BLOCK_E,
+        SILU=silu, num_warps=num_warps,
+    )
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -341,52 +369,20 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
     Returns out: y[i] = act(bias + sum_j weight[:, j] * xx[j]), xx = window ++ x[i], in fp32 then
     cast to x's dtype. Graph-safe: grid (N, cdiv(C, block_c)), no sync, no allocation if out given.
     """
-    _check_common(x, weight, bias, conv, out, activation, "N")
+    _check_common("conv_decode", x, weight, bias, conv, out, activation, "N")
     N, C = x.shape
-    W = weight.shape[1]
-    _check_slots("read_slot", read_slot, N, x.device)
-    _check_slots("write_slot", write_slot, N, x.device)
+    check_slots("conv_decode", "read_slot", read_slot, N, x.device, ref="x")
+    check_slots("conv_decode", "write_slot", write_slot, N, x.device, ref="x")
     if out is not None and _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
-        raise ValueError("out must be x itself or not overlap it")
+        fail("conv_decode", "out must be x itself or not overlap it")
     if out is None:
         out = torch.empty((N, C), dtype=x.dtype, device=x.device)
     if N == 0 or C == 0:
         return out
-    BLOCK_C = _block_c(block_c, DECODE_BLOCK_C, C)
-    grid = (N, triton.cdiv(C, BLOCK_C))
-    _conv_decode_kernel[grid](
-        x, weight, bias, conv, out, read_slot, write_slot,
-        C,
-        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
-        conv.stride(0), conv.stride(1), conv.stride(2),
-        W=W, WP=triton.next_power_of_2(W - 1), BLOCK_C=BLOCK_C, SILU=activation == "silu",
-        num_warps=DECODE_NUM_WARPS if num_warps is None else num_warps,
-    )
+    BLOCK_C = _block_c("conv_decode", block_c, DECODE_BLOCK_C, C)
+    _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, activation == "silu", BLOCK_C,
+                   DECODE_NUM_WARPS if num_warps is None else num_warps)
     return out
-
-
-def _check_meta(meta, device):
-    names = ("cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots",
-             "chunk_seq", "chunk_idx")
-    for name in names:
-        t = getattr(meta, name)
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
-            raise ValueError(f"meta.{name} must be a 1-D int32 tensor")
-        if t.device != device:
-            raise ValueError(f"meta.{name} is on {t.device}, x on {device}")
-        if t.shape[0] > 1 and t.stride(0) != 1:
-            raise ValueError(f"meta.{name} must be contiguous")
-    S = meta.read_slot.shape[0]
-    if not (meta.start_pos.shape[0] == meta.write_slot.shape[0] == S
-            and meta.cu_seqlens.shape[0] == meta.ckpt_offsets.shape[0] == S + 1):
-        raise ValueError("meta: start_pos/read_slot/write_slot need max_seqs entries and "
-                         "cu_seqlens/ckpt_offsets max_seqs + 1")
-    if meta.chunk_seq.shape[0] != meta.chunk_idx.shape[0]:
-        raise ValueError("meta.chunk_seq and meta.chunk_idx differ in length")
-    if meta.ckpt_slots.shape[0] < 1:
-        raise ValueError("meta.ckpt_slots must hold at least one entry")
-    if not isinstance(meta.block_size, int) or meta.block_size <= 0 or meta.block_size % CHUNK:
-        raise ValueError(f"meta.block_size must be a positive multiple of {CHUNK}, got {meta.block_size}")
 
 
 def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, block_c=None,
@@ -411,34 +407,23 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
     Returns out. Graph-safe: grid (cdiv(C, block_c), max(meta.max_chunks, cdiv(T, 64))) depends on
     buffer sizes only; no sync; no allocation if out is given. block_e: checkpoints per iteration.
     """
-    _check_common(x, weight, bias, conv, out, activation, "T")
-    _check_meta(meta, x.device)
+    _check_common("conv_prefill", x, weight, bias, conv, out, activation, "T")
+    check_meta("conv_prefill", meta, x.device, ref="x")
     T, C = x.shape
-    W = weight.shape[1]
     if out is not None and _overlaps(out, x):
-        raise ValueError("out must not overlap x: prefill programs read neighbouring tokens of x")
+        fail("conv_prefill", "out must not overlap x: prefill programs read neighbouring tokens of x")
     if out is None:
         out = torch.empty((T, C), dtype=x.dtype, device=x.device)
     if T == 0 or C == 0:
         return out
-    BLOCK_C = _block_c(block_c, PREFILL_BLOCK_C, C)
+    BLOCK_C = _block_c("conv_prefill", block_c, PREFILL_BLOCK_C, C)
     BLOCK_E = PREFILL_BLOCK_E if block_e is None else block_e
     if BLOCK_E < 1 or BLOCK_E & (BLOCK_E - 1):
-        raise ValueError(f"block_e must be a power of two, got {BLOCK_E}")
+        fail("conv_prefill", f"block_e must be a power of two, got {BLOCK_E}")
     tiles = max(meta.max_chunks, triton.cdiv(T, CHUNK))
     if tiles > 65535:  # CUDA's limit on grid dimension y
-        raise ValueError(f"{tiles} chunk tiles exceed 65535: split the batch (T = {T}, "
-                         f"max_chunks = {meta.max_chunks})")
-    grid = (triton.cdiv(C, BLOCK_C), tiles)
-    _conv_prefill_kernel[grid](
-        x, weight, bias, conv, out,
-        meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
-        meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx,
-        T, C, meta.max_seqs, meta.max_chunks, meta.block_size,
-        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
-        conv.stride(0), conv.stride(1), conv.stride(2),
-        W=W, WP=triton.next_power_of_2(W - 1), BT=CHUNK, BLOCK_C=BLOCK_C, BLOCK_E=BLOCK_E,
-        SILU=activation == "silu",
-        num_warps=PREFILL_NUM_WARPS if num_warps is None else num_warps,
-    )
+        fail("conv_prefill", f"{tiles} chunk tiles exceed 65535: split the batch (T = {T}, "
+             f"max_chunks = {meta.max_chunks})")
+    _launch_prefill(x, weight, bias, conv, out, meta, tiles, activation == "silu", BLOCK_C, BLOCK_E,
+                    PREFILL_NUM_WARPS if num_warps is None else num_warps)
     return out

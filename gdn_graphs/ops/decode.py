@@ -4,7 +4,7 @@ The state lives in a pool ``ssm[num_slots, HV, V, K]`` (K contiguous). Each row 
 the slot it reads its state from and the slot(s) it writes the updated state to; the two may differ
 (a step that crosses a block boundary writes the next block's slot, no copy) or be equal (in place).
 Slot ``-1`` (``NO_SLOT``) is never dereferenced: read -1 starts from a zero state, write -1 stores
-nothing. The slot conventions are those of the design brief (DESIGN.md).
+nothing. The slot conventions are the README's ("Conventions").
 
 Two public functions share one kernel:
     gdn_decode        one token per row (plain decode); a row with both slots -1 is padding and
@@ -27,7 +27,6 @@ must be distinct and no row may read a slot that another row writes.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -35,14 +34,15 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_graphs.constants import NO_SLOT
+from gdn_graphs.ops.common import (FLOAT_DTYPES, check_slots, fail, gdn_gate, interpreting,
+                                   inv_l2norm)
 
 __all__ = ["gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported"]
 
 # the kernel tests "slot >= 0"; it relies on NO_SLOT being the only negative slot value
 assert NO_SLOT == -1
 
-_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INPUT_DTYPES = FLOAT_DTYPES + (torch.float64,)  # fp64 inputs are read as fp32
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,14 +62,9 @@ def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, t, i_hk, i_hv, neg_A, dt_bias
     b_v = tl.load(v_ptr + t64 * stride_vt + i_hv * V + o_v, mask=mask_v, other=0.).to(tl.float32)
     b_a = tl.load(a_ptr + t64 * stride_at + i_hv).to(tl.float32)
     b_b = tl.load(b_ptr + t64 * stride_bt + i_hv).to(tl.float32)
-    # same eps and placement as reference.l2norm: x * rsqrt(sum x^2 + 1e-6)
-    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q, axis=0) + 1e-6) * scale
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k, axis=0) + 1e-6)
-    # softplus with torch's threshold (x > 20 -> x), which also keeps exp() from overflowing
-    x = b_a + dt_bias
-    sp = tl.where(x > 20., x, tl.log(1. + tl.exp(tl.minimum(x, 20.))))
-    g = neg_A * sp
-    beta = 1. / (1. + tl.exp(-b_b))
+    b_q = b_q * inv_l2norm(b_q, 0) * scale
+    b_k = b_k * inv_l2norm(b_k, 0)
+    g, beta = gdn_gate(b_a, b_b, neg_A, dt_bias)
     return b_q, b_k, b_v, g, beta
 
 
@@ -104,7 +99,7 @@ def _gdn_decode_kernel(
     ssm_ptr, o_ptr,
     cu_seqlens, read_slot_ptr, write_slot_ptr,
     stride_qt, stride_kt, stride_vt, stride_at, stride_bt, stride_ot,
-    stride_s, stride_ws, Tmax,
+    stride_slot, stride_w_slot, Tmax,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
@@ -128,15 +123,15 @@ def _gdn_decode_kernel(
     neg_A = -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
 
-    rs = tl.load(read_slot_ptr + i_n)
+    r_slot = tl.load(read_slot_ptr + i_n)
     # never form an address from slot -1: clamp, and mask the access instead
-    p_read = ssm_ptr + tl.maximum(rs, 0).to(tl.int64) * stride_s + o_h
+    p_read = ssm_ptr + tl.maximum(r_slot, 0).to(tl.int64) * stride_slot + o_h
 
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n)
         eos = tl.load(cu_seqlens + i_n + 1)
         # state is loaded once; a 0-token row skips the loop and touches nothing else
-        b_h = tl.load(p_read, mask=mask_h & (rs >= 0) & (eos > bos), other=0.).to(tl.float32)
+        b_h = tl.load(p_read, mask=mask_h & (r_slot >= 0) & (eos > bos), other=0.).to(tl.float32)
         if USE_PDL:
             _wait_for_previous_kernel()
         # a while loop, not range(bos, eos): runtime trip counts the same on the GPU, and the
@@ -152,26 +147,26 @@ def _gdn_decode_kernel(
                      b_o.to(o_ptr.dtype.element_ty), mask=mask_v)
             # write_slots[i, t - bos]; an entry past the row's width means "no slot"
             i_t = t - bos
-            ws = tl.load(write_slot_ptr + i_n.to(tl.int64) * stride_ws + i_t, mask=i_t < Tmax,
-                         other=-1)
-            p_write = ssm_ptr + tl.maximum(ws, 0).to(tl.int64) * stride_s + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (ws >= 0))
+            w_slot = tl.load(write_slot_ptr + i_n.to(tl.int64) * stride_w_slot + i_t,
+                             mask=i_t < Tmax, other=-1)
+            p_write = ssm_ptr + tl.maximum(w_slot, 0).to(tl.int64) * stride_slot + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (w_slot >= 0))
             t += 1
     else:
-        ws = tl.load(write_slot_ptr + i_n)
+        w_slot = tl.load(write_slot_ptr + i_n)
         p_o = o_ptr + i_n.to(tl.int64) * stride_ot + i_hv * V + o_v
         # issue the big state load first (masked off, it costs nothing for a padded row)
-        b_h = tl.load(p_read, mask=mask_h & (rs >= 0), other=0.).to(tl.float32)
+        b_h = tl.load(p_read, mask=mask_h & (r_slot >= 0), other=0.).to(tl.float32)
         if USE_PDL:
             _wait_for_previous_kernel()
-        if (rs >= 0) | (ws >= 0):
+        if (r_slot >= 0) | (w_slot >= 0):
             b_q, b_k, b_v, g, beta = _load_token(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_n, i_hk, i_hv, neg_A, dt_bias,
                 stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
                 o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
             b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
-            p_write = ssm_ptr + tl.maximum(ws, 0).to(tl.int64) * stride_s + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (ws >= 0))
+            p_write = ssm_ptr + tl.maximum(w_slot, 0).to(tl.int64) * stride_slot + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (w_slot >= 0))
             tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
         else:
             # padded row: no slot to read or write, output is exactly zero
@@ -182,15 +177,15 @@ def _gdn_decode_kernel(
 # configuration and checks (host side, metadata only)
 # --------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=4096)  # called on every launch; ~5 us uncached
+@functools.lru_cache(maxsize=4096)  # runs on every launch: keep it off the host's critical path
 def default_config(K: int, V: int, N: int, state_dtype: torch.dtype = torch.float32):
     """Default (BV, num_warps) for a launch, from the shapes only.
 
     A program streams a [BV, K] state tile in and out; the launch is memory-bound, so what counts
-    is many small programs with their loads in flight. Measured on an H200 (HV 32, K = V = 128,
-    fp32 state, profiling/results/2026-11-29/bench_decode.json): a 4 KiB tile with one warp
-    (BV = 8) was best at N = 16, 64 and 256 (3.95 TB/s = 92% of copy at N = 256, against 90% for
-    8 KiB / 2 warps), and a 2 KiB tile (BV = 4) at N = 1, where too few programs fill 132 SMs.
+    is many small programs with their loads in flight: a ~4 KiB tile with one warp per 1024
+    elements, and a ~2 KiB tile (BV <= 4) below 16 rows, where too few programs would fill the
+    SMs. (Measurements on an H200: profiling/results/2026-11-29/SUMMARY.md, the (BV, num_warps)
+    sweep.)
     """
     BK = triton.next_power_of_2(K)
     target_elems = 4096 // state_dtype.itemsize       # ~4 KiB per tile
@@ -201,8 +196,9 @@ def default_config(K: int, V: int, N: int, state_dtype: torch.dtype = torch.floa
     return BV, num_warps
 
 
-def _fail(msg):
-    raise ValueError(f"gdn_decode: {msg}")
+# the checks of both public functions; every message starts "gdn_decode: "
+_fail = functools.partial(fail, "gdn_decode")
+_check_slots = functools.partial(check_slots, "gdn_decode", ref="q")
 
 
 def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out):
@@ -247,7 +243,7 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out):
               f"{getattr(ssm, 'shape', type(ssm))}")
     if tuple(ssm.shape[1:]) != (HV, V, K):
         _fail(f"ssm must be [num_slots, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
-    if ssm.dtype not in _STATE_DTYPES:
+    if ssm.dtype not in FLOAT_DTYPES:
         _fail(f"ssm must be float32, bfloat16 or float16, got {ssm.dtype}")
     if ssm.stride(3) != 1 or ssm.stride(2) != K or ssm.stride(1) != V * K:
         _fail(f"ssm inner dims [HV, V, K] must be contiguous, got strides {ssm.stride()}")
@@ -268,25 +264,12 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out):
     return T, HK, HV, K, V
 
 
-def _check_slots(name, t, n, dev, ndim=1):
-    if not isinstance(t, torch.Tensor) or t.dim() != ndim:
-        _fail(f"{name} must be a {ndim}-d int32 tensor, got {getattr(t, 'shape', type(t))}")
-    if t.dtype != torch.int32:
-        _fail(f"{name} must be int32, got {t.dtype}")
-    if t.shape[0] < n:
-        _fail(f"{name} has {t.shape[0]} rows, need at least {n}")
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        _fail(f"{name} must be contiguous along its last dim, got strides {t.stride()}")
-    if t.device != dev:
-        _fail(f"{name} is on {t.device}, q is on {dev}")
-
-
 @functools.lru_cache(maxsize=None)
 def pdl_supported(dev: torch.device) -> bool:
     """Whether ``pdl=True`` can be used on ``dev``: a CUDA (not ROCm) device of compute capability
     9.0 or newer, and kernels not run by the Triton interpreter."""
     return (dev.type == "cuda" and torch.version.hip is None
-            and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and not interpreting()
             and torch.cuda.get_device_capability(dev) >= (9, 0))
 
 
@@ -308,6 +291,37 @@ def _resolve_config(K, V, N, ssm, BV, num_warps):
 
 
 # --------------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------------
+
+def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
+            write_stride, write_width, N, scale, BV, num_warps, pdl):
+    """One launch of the kernel over N rows; checks already done, nothing here syncs.
+
+    cu_seqlens None: row i is token i and writes write_slots[i] (write_stride, write_width 1).
+    Else row i is tokens cu_seqlens[i] .. cu_seqlens[i+1] and its token t writes
+    write_slots[i, t] (a [>= N, write_width] table of row stride write_stride). Mutates ``out``
+    and the write slots of ``ssm``.
+    """
+    if N == 0:
+        return out
+    HK, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    scale = K ** -0.5 if scale is None else float(scale)
+    grid = (N, HV * triton.cdiv(V, BV))
+    _gdn_decode_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, ssm, out,
+        cu_seqlens, read_slot, write_slots,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        ssm.stride(0), write_stride, write_width,
+        scale,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # public functions
 # --------------------------------------------------------------------------------------------
 
@@ -321,7 +335,8 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
         v:           [N, HV, V], same dtype and layout rules; HV is a multiple of HK and value
                      head h uses key head h // (HV // HK).
         a, b:        [N, HV] gate inputs (any float dtype, row stride arbitrary).
-        A_log, dt_bias: [HV] float (read as fp32). g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
+        A_log, dt_bias: [HV] float (read as fp32). g = -exp(A_log) * softplus(a + dt_bias),
+                     beta = sigmoid(b).
         ssm:         [num_slots, HV, V, K] float32 / bfloat16 / float16 pool; inner dims contiguous,
                      slot stride may exceed HV*V*K. All math is fp32, cast on store. MUTATED: the
                      write slots.
@@ -378,24 +393,3 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
                    write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps, pdl)
-
-
-def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-            write_stride, write_width, N, scale, BV, num_warps, pdl):
-    """One launch of the kernel over N rows (checks already done; nothing here syncs)."""
-    if N == 0:
-        return out
-    HK, K = q.shape[1], q.shape[2]
-    HV, V = v.shape[1], v.shape[2]
-    scale = K ** -0.5 if scale is None else float(scale)
-    grid = (N, HV * triton.cdiv(V, BV))
-    _gdn_decode_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, ssm, out,
-        cu_seqlens, read_slot, write_slots,
-        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
-        ssm.stride(0), write_stride, write_width,
-        scale,
-        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}),
-    )
-    return out

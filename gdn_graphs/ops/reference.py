@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+__all__ = ["gdn_gating", "l2norm", "gdn_recurrent_ref", "causal_conv1d_ref"]
+
 
 def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, dtype=torch.float64):
     """Log decay per token and value head: g = -exp(A_log) * softplus(a + dt_bias)."""
@@ -100,9 +102,3 @@ def causal_conv1d_ref(x, weight, bias=None, window=None, activation="silu", dtyp
         return y, final, windows
     return y, final
 
-
-def rms_norm_gated_ref(x, z, weight, eps=1e-6, dtype=torch.float64):
-    """Qwen3-Next's gated RMSNorm over the last dim: rmsnorm(x) * weight * silu(z)."""
-    xd = x.to(dtype)
-    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.to(dtype)
-    return y * F.silu(z.to(dtype))

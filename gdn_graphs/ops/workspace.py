@@ -1,0 +1,111 @@
+"""What gdn_chunk_prefill is given besides its tensors: a workspace and launch knobs.
+
+ChunkWorkspace holds the intermediates that the chunk-parallel kernel writes and the sequential
+kernel reads, within one call, so one workspace (sized for the largest step) serves every layer;
+allocate it once, outside a CUDA graph. ChunkConfig holds the launch knobs of the two kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.common import FLOAT_DTYPES, fail
+
+__all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG"]
+
+
+class ChunkWorkspace:
+    """Persistent intermediates of gdn_chunk_prefill for up to ``max_tokens`` tokens.
+
+    Per token: w [HV, K] and u [HV, V] (the WY factors), P [HV, 64] (the decayed causal q.k row of
+    its chunk), the chunk-local cumsum of g [HV] (fp32), and the normalised q and k of each key head
+    ([HK, K] each; pass ``HK`` to size them, default room for HK = HV). ``dtype`` is the input dtype
+    of q, k, v; all but the cumsum are kept in it. That is max_tokens * (HV * (K + V + 64) + 2 * HK * K)
+    elements plus max_tokens * HV floats; nothing of size T/64 * HV * V * K. The workspace only
+    carries data between the two kernels of one call, so one serves every layer.
+    """
+
+    def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None):
+        if dtype not in FLOAT_DTYPES:
+            fail("ChunkWorkspace", f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+        HK = HV if HK is None else HK
+        if max_tokens < 1 or min(HV, K, V, HK) < 1 or HK > HV:
+            fail("ChunkWorkspace", f"need max_tokens, HV, K, V >= 1 and 1 <= HK <= HV, got "
+                 f"{max_tokens}, {HV}, {K}, {V}, HK={HK}")
+        self.max_tokens, self.HV, self.K, self.V, self.HK = int(max_tokens), int(HV), int(K), int(V), int(HK)
+        self.dtype, self.device = dtype, torch.device(device)
+        n = self.max_tokens
+        mk = dict(dtype=dtype, device=device)
+        self.w = torch.empty(n, HV, K, **mk)
+        self.u = torch.empty(n, HV, V, **mk)
+        self.p = torch.empty(n, HV, CHUNK, **mk)
+        self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
+        self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
+        self.kn = torch.empty(n, HK, K, **mk)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w, self.u, self.p, self.g, self.qs, self.kn))
+
+
+def check_workspace(fn: str, ws, T: int, HK: int, HV: int, K: int, V: int, dtype, device):
+    """``ws`` is a ChunkWorkspace that holds T tokens of inputs [T, HK, K] / [T, HV, V] of
+    ``dtype`` on ``device`` (metadata only)."""
+    if not isinstance(ws, ChunkWorkspace):
+        fail(fn, "workspace must be a ChunkWorkspace")
+    if (ws.HV, ws.K, ws.V) != (HV, K, V) or ws.HK < HK or ws.dtype != dtype or ws.max_tokens < T:
+        fail(fn, f"workspace (max_tokens={ws.max_tokens}, HV={ws.HV}, HK<={ws.HK}, K={ws.K}, "
+             f"V={ws.V}, {ws.dtype}) does not fit T={T}, HV={HV}, HK={HK}, K={K}, V={V}, {dtype}")
+    if ws.w.device != device:
+        fail(fn, f"workspace is on {ws.w.device}, inputs on {device}")
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """Launch knobs (no autotuning: the kernels write the pool in place, so they must run once).
+
+    bv: V tile of the sequential kernel (programs per sequence and head = V / bv).
+    warps_intra / warps_seq: num_warps of the two kernels. stages: software-pipelining depth of the
+    sequential kernel's chunk loop. dot_precision: input precision of the dots when the inputs are
+    fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but spills
+    registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
+    inputs, "tf32" otherwise). The interpreter always computes in fp32.
+
+    Defaults and limits, from a sweep on an H200: bv 32 with 4 warps and 3 stages was the fastest
+    config for bf16 inputs (8 intra warps were slower). fp32 inputs need twice the shared memory
+    per stage and 3 stages do not fit in an H200's 227 KB, so ``stages=None`` means 3 for 16-bit
+    inputs and 2 for fp32. ``stages=1`` is refused: with Triton 3.6 on an H200 it gave wrong
+    outputs (and once an illegal memory access), while every pipelined config matched the default
+    bit for bit. (Measurements: profiling/results/2026-11-29/SUMMARY.md, "Chunked prefill".)
+    """
+
+    bv: int = 32
+    warps_intra: int = 4
+    warps_seq: int = 4
+    stages: int | None = None
+    dot_precision: str | None = None
+    inv_precision: str | None = None
+
+    def __post_init__(self):
+        if self.bv not in (16, 32, 64):
+            fail("ChunkConfig", f"bv must be 16, 32 or 64, got {self.bv}")
+        for name in ("warps_intra", "warps_seq"):
+            if getattr(self, name) not in (4, 8):
+                fail("ChunkConfig", f"{name} must be 4 or 8, got {getattr(self, name)}")
+        if self.stages not in (None, 2, 3):
+            fail("ChunkConfig", f"stages must be None, 2 or 3 (1 miscompiles, see the docstring), "
+                 f"got {self.stages}")
+        for name in ("dot_precision", "inv_precision"):
+            if getattr(self, name) not in (None, "ieee", "tf32", "tf32x3"):
+                fail("ChunkConfig", f"{name} must be None, 'ieee', 'tf32' or 'tf32x3'")
+
+    def stages_for(self, dtype: torch.dtype) -> int:
+        """Pipelining depth for inputs of ``dtype`` (see the class docstring)."""
+        if self.stages is not None:
+            return self.stages
+        return 2 if dtype == torch.float32 else 3
+
+
+DEFAULT_CONFIG = ChunkConfig()

@@ -23,6 +23,7 @@ from gdn_graphs.constants import NO_SLOT
 from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.meta import chunk_meta, num_checkpoints, num_chunks
 from gdn_graphs.ops.reference import gdn_recurrent_ref
+from helpers import bits, rel
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 
@@ -30,16 +31,6 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-def rel(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def bits(t):
-    """Bit pattern of a float tensor, so that NaN compares equal to itself."""
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
 
 def make_inputs(T, HK, HV, K, V, dtype, device, seed=0):
     """q, k, v as strided views of one packed [T, 2*HK*K + HV*V + 5] tensor (token stride larger

@@ -25,9 +25,9 @@ from gdn_graphs.ops.meta import (
     ChunkMeta, chunk_meta, host_chunk_meta, max_chunks_bound, max_ckpts_bound,
 )
 from gdn_graphs.ops.reference import causal_conv1d_ref
+from helpers import assert_bits_equal, rel
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 f32, bf16 = torch.float32, torch.bfloat16
 
 
@@ -47,14 +47,6 @@ def pool_view(base, C, W):
     return base[:, :C * (W - 1)].view(base.shape[0], C, W - 1)
 
 
-def assert_bits_equal(a, b, what):
-    """Bitwise equality (NaN-safe) of two tensors of the same dtype."""
-    assert a.dtype == b.dtype and a.shape == b.shape, what
-    ia, ib = a.contiguous().view(_INT_VIEW[a.dtype]), b.contiguous().view(_INT_VIEW[b.dtype])
-    bad = (ia != ib).nonzero()
-    assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements differ, first at {bad[0].tolist()}"
-
-
 def assert_pool(base, exp, x_dtype, what):
     """Bit-identical pools, except where windows are rounded to a pool dtype narrower than x:
     the GPU rounds to nearest even like torch, the Triton interpreter truncates, so those are
@@ -64,11 +56,6 @@ def assert_pool(base, exp, x_dtype, what):
     else:
         torch.testing.assert_close(base.float(), exp.float(), rtol=2 ** -7, atol=0, equal_nan=True,
                                    msg=what)
-
-
-def rel_err(out, ref):
-    out, ref = out.double(), ref.double()
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def rand_rows(T, C, dtype, device, gen, extra=8):
@@ -126,7 +113,7 @@ def check_prefill(x, weight, bias, pool_base, C, W, B, seqs, activation="silu", 
     ys, exp = expected_prefill(x, weight, bias, pool_base, C, W, B, seqs, activation, cu)
     assert y.dtype == x.dtype and y.shape == x.shape
     for i, (n, q, *_rest) in enumerate(seqs):
-        err = rel_err(y[cu[i]:cu[i + 1]], ys[i])
+        err = rel(y[cu[i]:cu[i + 1]], ys[i])
         assert err < TOL[x.dtype], f"sequence {i} (n={n}, q={q}): rel err {err:.2e}"
     pad = y[cu[-1]:]
     assert torch.equal(pad, torch.zeros_like(pad)), "padding rows must be exactly zero"
@@ -196,7 +183,7 @@ def test_decode_matches_reference(device, C, W, xdt, pdt, use_bias, N, act, bloc
         if rs < 0 and ws < 0:
             assert torch.equal(y[i], torch.zeros_like(y[i])), "padded row must output zeros"
         else:
-            err = rel_err(y[i], yr[0])
+            err = rel(y[i], yr[0])
             assert err < TOL[xdt], f"row {i}: rel err {err:.2e}"
         if ws >= 0:
             pv[ws] = fin.to(pdt)
@@ -464,7 +451,7 @@ def test_gpu_prefill_16k_vs_reference(gpu, B):
     for (n, q, rs, ws, ck) in seqs:
         win = pv0[rs] if rs >= 0 else None
         yr, fin = causal_conv1d_ref(x[bos:bos + q], weight, bias, win)
-        err = rel_err(y[bos:bos + q], yr)
+        err = rel(y[bos:bos + q], yr)
         assert err < TOL[dt], f"n={n}, q={q}: rel err {err:.2e}"
         w0 = win.double() if win is not None else torch.zeros(C, W - 1, dtype=torch.float64, device=gpu)
         xx = torch.cat([w0.t(), x[bos:bos + q].double()])
@@ -586,7 +573,7 @@ def test_gpu_decode_vs_reference_and_graph(gpu):
         pe = pool_view(exp, C, W)
         for i in range(live):
             yr, fin = causal_conv1d_ref(x_buf[i:i + 1], weight, bias, pv0[rs[i]])
-            assert rel_err(g_out[i], yr[0]) < TOL[dt]
+            assert rel(g_out[i], yr[0]) < TOL[dt]
             pe[ws[i]] = fin.to(dt)
         assert torch.equal(g_out[live:], torch.zeros_like(g_out[live:]))
         assert_bits_equal(g_pool, exp, "decode pool vs reference")

@@ -16,6 +16,7 @@ import torch
 from gdn_graphs.constants import NO_SLOT
 from gdn_graphs.ops.decode import default_config, gdn_decode, gdn_decode_multi
 from gdn_graphs.ops.reference import gdn_recurrent_ref
+from helpers import bits, guarded_pool, rel
 
 try:
     from hypothesis import given, settings, strategies as st
@@ -31,26 +32,9 @@ HK, HV = 2, 4
 # helpers
 # ---------------------------------------------------------------------------------------------
 
-def rel(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def bits(t):
-    """Bit pattern of a float tensor, so NaN compares equal to itself."""
-    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
 def make_pool(num_slots, hv, v, k, dtype, device, pad=0, seed=0):
-    """A pool poisoned with random values, living inside a buffer with one guard slot before and
-    after it; ``pad`` extra elements per slot give a slot stride larger than a state (vLLM pages).
-    Returns (buffer, pool)."""
-    gen = torch.Generator().manual_seed(seed)
-    buf = torch.randn(num_slots + 2, hv * v * k + pad, generator=gen).to(dtype).to(device)
-    buf[0] = float("nan")
-    buf[-1] = float("nan")
-    pool = buf[1:-1, :hv * v * k].unflatten(1, (hv, v, k))
-    return buf, pool
+    """A random pool between two NaN guard slots (helpers.guarded_pool): (buffer, pool)."""
+    return guarded_pool(num_slots, (hv, v, k), dtype, device, pad=pad, seed=seed)
 
 
 def make_inputs(T, K, V, dtype, device, packed=False, seed=0, hk=HK, hv=HV):

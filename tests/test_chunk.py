@@ -338,16 +338,23 @@ kernels = [
      cfg.warps_seq, dict(g_ws="*fp32", ssm="*fp32")),
 ]
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "read_slot", "write_slot",
-        "ckpt_offsets", "ckpt_slots"}
+        "ckpt_offsets", "ckpt_slots", "error_flag"}
+ints = ("T", "max_seqs", "max_chunks", "max_ckpts", "num_slots", "block_size")
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-for fn, consts, warps, special in kernels:
+# with the error flag (every engine step carries one) and without (direct calls)
+for (heur, base, warps, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
+    fn = heur.fn  # the JITFunction under @triton.heuristics
+    consts = dict(base, HAS_FLAG=has_flag)
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:
             sig[name] = "constexpr"
+        elif name == "error_flag" and not has_flag:
+            sig[name] = "constexpr"
+            consts[name] = None
         elif name in special:
             sig[name] = special[name]
-        elif name in ("T", "max_seqs", "max_chunks", "block_size") or name.startswith("s_"):
+        elif name in ints or name.startswith("s_"):
             sig[name] = "i32"
         else:
             sig[name] = "*i32" if name in meta else "*bf16"
@@ -355,11 +362,12 @@ for fn, consts, warps, special in kernels:
             attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises on a GPU
     ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                         options=dict(num_warps=warps))
-    name = fn.__name__
+    name = f"{fn.__name__} (flag: {has_flag})"
     assert ck.metadata.shared <= 227 * 1024, (name, ck.metadata.shared)
-    if fn is C._chunk_seq_kernel:
+    if fn is C._chunk_seq_kernel.fn:
         assert "async_copy_global_to_local" in ck.asm["ttgir"], "chunk loop not software-pipelined"
     assert "warp_group_dot" in ck.asm["ttgir"], (name, "no wgmma")
+    assert ("atom" in ck.asm["ptx"]) == has_flag, (name, "the flag's atomic")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ck.asm["ptx"])
     res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],

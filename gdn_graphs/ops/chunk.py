@@ -32,6 +32,12 @@ exp(g_s) S_{s-1} k_s = exp(gc_s) S0 k_s + sum_{r<s} exp(gc_s - gc_r) (k_r.k_s) d
 (I + A) d = beta v - beta exp(gc) (S0 k), d = u - w S0^T = v_new; o_t = S_t q_t and S_end follow
 from the unrolled sum.
 
+Memory safety does not rest on slot values or metadata (gdn_graphs.ops.common): slots outside
+[-1, num_slots) are never dereferenced, spans are clipped to [0, T) and positions to [0, MAX_POS),
+chunk entries outside their sequence and checkpoint entries outside ckpt_slots are skipped, and
+each repair ORs a code into the optional ``error_flag``. Only scalar arithmetic and masks on
+existing accesses: valid inputs compute exactly what they did.
+
 Precision: bf16/fp16 inputs use 16-bit tensor-core operands with fp32 accumulation (the workspace
 holds w, u, P, q, k in the input dtype; ~4e-3 relative error against fp64 at K = V = 128), the
 in-chunk inverse uses tf32 dots on fp32 values, and the state always accumulates in fp32. fp32
@@ -49,35 +55,15 @@ import triton
 import triton.language as tl
 
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.ops.common import (FLOAT_DTYPES, check_meta, fail, gdn_gate, interpreting,
-                                   inv_l2norm)
+from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES, bad_slot,
+                                   cast_like_gpu, check_flag, check_meta, clip_pos, clip_span,
+                                   dot_like_gpu, fail, gdn_gate, interpreting, inv_l2norm, report,
+                                   slot_ok, span_chunks)
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace
 
 __all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace", "chunk_intra_fwd",
            "chunk_seq_fwd"]
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
-    """x.to(dtype), rounding to nearest even like the GPU does. (The interpreter truncates fp32 to
-    bf16; round the mantissa by hand there so the CPU tier sees the GPU's bf16 arithmetic.)"""
-    if INTERPRET and dtype == tl.bfloat16 and x.dtype == tl.float32:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(dtype)
-    else:
-        return x.to(dtype)
-
-
-@triton.jit
-def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """tl.dot; under the interpreter 16-bit operands are widened first (its bf16 dot is broken).
-    bf16 x bf16 products are exact in fp32, so this emulates the tensor-core arithmetic."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc=acc, input_precision=PREC)
 
 
 @triton.jit
@@ -97,18 +83,21 @@ def _chunk_rows(bos, eos, off, j, o_c, BC: tl.constexpr):
 # differ between a warm-up and the engine; the row strides of a and b (read one scalar per row)
 # depend on how the engine packs its gate projections. Otherwise the first request recompiles
 # what the warm-up compiled, which under vLLM stalls that request for over a second.
-# (Measurements: profiling/results/2026-11-29/VLLM.md.)
+# (Measurements: profiling/results/2026-11-29/VLLM.md.) The same holds for the pool's size
+# num_slots and the checkpoint table's length max_ckpts, which only bound slot values and indices.
+@triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
 @triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
 def _chunk_intra_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,
-    cu_seqlens, start_pos, chunk_seq, chunk_idx,
+    cu_seqlens, start_pos, chunk_seq, chunk_idx, error_flag,
     T, max_seqs, max_chunks,
     s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr,
     DOT_PREC: tl.constexpr, INV_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
 ):
     G: tl.constexpr = HV // HK
     pid = tl.program_id(0)
@@ -125,7 +114,10 @@ def _chunk_intra_kernel(
 
     # Padding tokens (beyond the live batch) get zero outputs; their tiles are shared out over
     # all programs of this head with a grid-stride loop, so any T works with any grid.
-    t_live = tl.load(cu_seqlens + max_seqs)
+    # (the live end clipped to [0, T]: the loop stays inside out and ends within cdiv(T, BC) tiles)
+    t_live0 = tl.load(cu_seqlens + max_seqs)
+    t_live = tl.minimum(tl.maximum(t_live0, 0), T)
+    report(error_flag, (pid == 0) & (t_live != t_live0), ERR_TOKENS_C, HAS_FLAG)
     n_pad = tl.cdiv(T - t_live, BC)
     # (a while loop: the Triton interpreter cannot take a loaded scalar as a range bound)
     tile = i_c
@@ -139,12 +131,21 @@ def _chunk_intra_kernel(
     if i_c >= max_chunks:
         return
     i_n = tl.load(chunk_seq + i_c)
-    if i_n < 0:
+    # -1: an idle entry; any other value outside [0, max_seqs) names no sequence
+    report(error_flag, (i_n < -1) | (i_n >= max_seqs), ERR_META_C, HAS_FLAG)
+    if (i_n < 0) | (i_n >= max_seqs):
         return
     i_j = tl.load(chunk_idx + i_c)
-    bos = tl.load(cu_seqlens + i_n)
-    eos = tl.load(cu_seqlens + i_n + 1)
-    off = tl.load(start_pos + i_n) % BC
+    # the span clipped to [0, T) (and the position to [0, MAX_POS)): every row below is a token
+    # of the tensors; a chunk index that is not one of the span's chunks is skipped
+    bos, eos, clipped = clip_span(tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1), T)
+    n, moved = clip_pos(tl.load(start_pos + i_n))
+    bad_j = (i_j < 0) | (i_j >= span_chunks(n, eos - bos, BC))
+    report(error_flag, clipped | moved, ERR_TOKENS_C, HAS_FLAG)
+    report(error_flag, bad_j, ERR_META_C, HAS_FLAG)
+    if bad_j:
+        return
+    off = n % BC
     _, m_t, rows = _chunk_rows(bos, eos, off, i_j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
 
@@ -164,15 +165,15 @@ def _chunk_intra_kernel(
     b_q = tl.load(q + rows[:, None] * s_qt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_q = b_q.to(tl.float32)
     b_q = b_q * (inv_l2norm(b_q, 1) * scale)[:, None]
-    b_kb = _cast(b_k, w_ws.dtype.element_ty, INTERPRET)
-    b_qb = _cast(b_q, w_ws.dtype.element_ty, INTERPRET)
+    b_kb = cast_like_gpu(b_k, w_ws.dtype.element_ty, INTERPRET)
+    b_qb = cast_like_gpu(b_q, w_ws.dtype.element_ty, INTERPRET)
     if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
         p_hk = rows[:, None] * (HK * K) + i_hk * K + o_k[None, :]
         tl.store(qs_ws + p_hk, b_qb, mask=m_tk)
         tl.store(kn_ws + p_hk, b_kb, mask=m_tk)
 
-    b_kk = _dot(b_kb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
-    b_qk = _dot(b_qb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
+    b_kk = dot_like_gpu(b_kb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
+    b_qk = dot_like_gpu(b_qb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
 
     r = o_c[:, None]
     c = o_c[None, :]
@@ -183,7 +184,7 @@ def _chunk_intra_kernel(
     b_A = tl.where(c < r, b_dec * b_kk * b_beta[:, None], 0.)
     b_P = b_dec * b_qk
     tl.store(p_ws + rows[:, None] * (HV * BC) + i_h * BC + c,
-             _cast(b_P, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
+             cast_like_gpu(b_P, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
     tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
 
     # (I + A)^-1. First D, the inverse of A's block diagonal: the four 16 x 16 diagonal blocks as
@@ -204,32 +205,34 @@ def _chunk_intra_kernel(
     b_D = tl.reshape(tl.where(on_diag, b_X[:, :, None, :], 0.), [BC, BC])
     # then the off-diagonal blocks: T = D - (D A_o) T, exact after 3 sweeps (block forward
     # substitution on 4 block rows)
-    b_N = _dot(b_D, tl.where((r // 16) > (c // 16), b_A, 0.), None, INV_PREC, INTERPRET)
+    b_N = dot_like_gpu(b_D, tl.where((r // 16) > (c // 16), b_A, 0.), None, INV_PREC, INTERPRET)
     b_T = b_D
     for _ in tl.static_range(3):
-        b_T = b_D - _dot(b_N, b_T, None, INV_PREC, INTERPRET)
+        b_T = b_D - dot_like_gpu(b_N, b_T, None, INV_PREC, INTERPRET)
 
     # w = T diag(beta exp(gc)) k and u = T diag(beta) v: scaling T's columns keeps k and v as
     # they are (v is used in its input dtype, no rounding) and rounds once per operand
     DT: tl.constexpr = w_ws.dtype.element_ty
-    b_Tw = _cast(b_T * (b_beta * tl.exp(b_gc))[None, :], DT, INTERPRET)
-    b_w = _dot(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
-    tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], _cast(b_w, DT, INTERPRET),
+    b_Tw = cast_like_gpu(b_T * (b_beta * tl.exp(b_gc))[None, :], DT, INTERPRET)
+    b_w = dot_like_gpu(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
+    tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], cast_like_gpu(b_w, DT, INTERPRET),
              mask=m_tk)
     # (v is loaded only here: loading it at the top was no faster; see the same SUMMARY.md)
     m_tv = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
-    b_u = _dot(_cast(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
-    tl.store(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], _cast(b_u, DT, INTERPRET),
+    b_u = dot_like_gpu(cast_like_gpu(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
+    tl.store(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], cast_like_gpu(b_u, DT, INTERPRET),
              mask=m_tv)
 
 
 @triton.jit
-def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots, error_flag,
                bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+               max_ckpts, num_slots,
                i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
-               DOT_PREC: tl.constexpr, ROUND_STATE: tl.constexpr, INTERPRET: tl.constexpr):
+               DOT_PREC: tl.constexpr, ROUND_STATE: tl.constexpr, INTERPRET: tl.constexpr,
+               HAS_FLAG: tl.constexpr):
     """Chunk j of one sequence for one (head, V tile): output rows, state update, checkpoint."""
     ce, m_t, rows = _chunk_rows(bos, eos, off, j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
@@ -245,38 +248,43 @@ def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slot
 
     DT: tl.constexpr = w_ws.dtype.element_ty
     # v_new = u - w S0^T; o = exp(gc) (q S0^T) + P v_new
-    b_Sb = _cast(b_S, DT, INTERPRET)
-    b_vn = b_u.to(tl.float32) - _dot(b_w, b_Sb, None, DOT_PREC, INTERPRET)
-    b_o = _dot(b_q, b_Sb, None, DOT_PREC, INTERPRET) * tl.exp(b_gc)[:, None]
-    b_o = _dot(b_P, _cast(b_vn, DT, INTERPRET), b_o, DOT_PREC, INTERPRET)
+    b_Sb = cast_like_gpu(b_S, DT, INTERPRET)
+    b_vn = b_u.to(tl.float32) - dot_like_gpu(b_w, b_Sb, None, DOT_PREC, INTERPRET)
+    b_o = dot_like_gpu(b_q, b_Sb, None, DOT_PREC, INTERPRET) * tl.exp(b_gc)[:, None]
+    b_o = dot_like_gpu(b_P, cast_like_gpu(b_vn, DT, INTERPRET), b_o, DOT_PREC, INTERPRET)
     tl.store(out + rows[:, None] * s_ot + i_h * V + o_v[None, :],
-             _cast(b_o, out.dtype.element_ty, INTERPRET), mask=m_tv)
+             cast_like_gpu(b_o, out.dtype.element_ty, INTERPRET), mask=m_tv)
     # S = exp(gc_last) S0 + (exp(gc_last - gc) v_new)^T k   (as S^T: k^T (...))
     b_vs = b_vn * tl.where(m_t, tl.exp(g_last - b_gc), 0.)[:, None]
     b_S = b_S * tl.exp(g_last)
-    b_S = _dot(tl.trans(b_k), _cast(b_vs, DT, INTERPRET), b_S, DOT_PREC, INTERPRET)
+    b_S = dot_like_gpu(tl.trans(b_k), cast_like_gpu(b_vs, DT, INTERPRET), b_S, DOT_PREC, INTERPRET)
 
     p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
     at_block = (p_end % block_size) == 0
     if ROUND_STATE:  # keep the running state equal to what a block-boundary slot holds
-        b_S = tl.where(at_block, _cast(b_S, ssm.dtype.element_ty, INTERPRET).to(tl.float32), b_S)
+        b_S = tl.where(at_block, cast_like_gpu(b_S, ssm.dtype.element_ty, INTERPRET).to(tl.float32), b_S)
     if at_block & (p_end < n_end):
-        slot = tl.load(ckpt_slots + ck0 + (p_end // block_size - first_blk - 1))
-        if slot >= 0:
+        # entry e = p_end // B - first_blk - 1 >= 0 of the sequence's checkpoints; one past the
+        # table stores nothing (the caller reported it)
+        i_e = ck0 + (p_end // block_size - first_blk - 1)
+        slot = tl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
+        if slot_ok(slot, num_slots):
             tl.store(ssm + slot.to(tl.int64) * s_slot + p_state,
-                     _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state)
+                     cast_like_gpu(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state)
+        report(error_flag, bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
     return b_S
 
 
-@triton.jit
+@triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
 def _chunk_seq_kernel(
     out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
-    cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
-    block_size, s_ot, s_slot,
+    cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, error_flag,
+    T, max_ckpts, num_slots, block_size, s_ot, s_slot,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
     DOT_PREC: tl.constexpr, NUM_STAGES: tl.constexpr, ROUND_STATE: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):
     G: tl.constexpr = HV // HK
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -286,17 +294,25 @@ def _chunk_seq_kernel(
     i_hk = i_h // G
     i_n = tl.program_id(1)
 
-    bos = tl.load(cu_seqlens + i_n)
-    eos = tl.load(cu_seqlens + i_n + 1)
+    # the span clipped to [0, T) and the position to [0, MAX_POS) (no change for valid metadata):
+    # every chunk below lies inside the tensors and the loop runs at most cdiv(T, BC) + 1 times
+    bos, eos, clipped = clip_span(tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1), T)
+    report(error_flag, clipped, ERR_TOKENS_C, HAS_FLAG)
     if eos <= bos:
         return
-    n0 = tl.load(start_pos + i_n)
+    n0, moved = clip_pos(tl.load(start_pos + i_n))
+    report(error_flag, moved, ERR_TOKENS_C, HAS_FLAG)
     n_end = n0 + (eos - bos)
     off = n0 % BC
     c0 = n0 // BC
     nc = (n_end - 1) // BC - c0 + 1
     first_blk = n0 // block_size
-    ck0 = tl.load(ckpt_offsets + i_n)
+    # the sequence's checkpoint entries ck0 .. ck0 + (its boundaries) must lie in ckpt_slots;
+    # entries past its end store nothing (_seq_chunk masks them)
+    ck00 = tl.load(ckpt_offsets + i_n)
+    ck0 = tl.minimum(tl.maximum(ck00, 0), max_ckpts)
+    report(error_flag, (ck0 != ck00) | (ck0 + (n_end - 1) // block_size - first_blk > max_ckpts),
+           ERR_META_C, HAS_FLAG)
 
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -308,8 +324,10 @@ def _chunk_seq_kernel(
     m_state = m_k[:, None] & m_v[None, :]
 
     r_slot = tl.load(read_slot + i_n)
-    b_S = tl.load(ssm + tl.maximum(r_slot, 0).to(tl.int64) * s_slot + p_state,
-                  mask=m_state & (r_slot >= 0), other=0.).to(tl.float32)
+    r_ok = slot_ok(r_slot, num_slots)  # only pool slots are dereferenced (else slot 0, masked)
+    b_S = tl.load(ssm + tl.where(r_ok, r_slot, 0).to(tl.int64) * s_slot + p_state,
+                  mask=m_state & r_ok, other=0.).to(tl.float32)
+    report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
     # tl.range lets Triton software-pipeline the loads of the next chunk; the interpreter (numpy
     # >= 2) cannot take a loaded scalar as a range bound, so it runs the same body in a while loop
@@ -317,20 +335,24 @@ def _chunk_seq_kernel(
         j = 0
         while j < nc:
             b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
-                             bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+                             error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
+                             s_ot, s_slot, max_ckpts, num_slots,
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
-                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET)
+                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
             j += 1
     else:
         for j in tl.range(0, nc, num_stages=NUM_STAGES):
             b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
-                             bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+                             error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
+                             s_ot, s_slot, max_ckpts, num_slots,
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
-                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET)
+                             HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
 
     w_slot = tl.load(write_slot + i_n)
-    tl.store(ssm + tl.maximum(w_slot, 0).to(tl.int64) * s_slot + p_state,
-             _cast(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & (w_slot >= 0))
+    w_ok = slot_ok(w_slot, num_slots)
+    tl.store(ssm + tl.where(w_ok, w_slot, 0).to(tl.int64) * s_slot + p_state,
+             cast_like_gpu(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & w_ok)
+    report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
 
 _fail = functools.partial(fail, "gdn_chunk_prefill")  # every message starts "gdn_chunk_prefill: "
@@ -368,7 +390,7 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
         _fail(f"ssm must be [num_slots, HV, V, K] = [*, {HV}, {V}, {K}], got {tuple(ssm.shape)}")
     if ssm.stride(3) != 1 or ssm.stride(2) != K or ssm.stride(1) != V * K or ssm.stride(0) < HV * V * K:
         _fail(f"ssm's inner [HV, V, K] must be contiguous, got strides {ssm.stride()}")
-    check_meta("gdn_chunk_prefill", meta, q.device, ref="q")
+    check_meta("gdn_chunk_prefill", meta, q.device, T, ref="q")
     for name, t in dict(k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, ssm=ssm).items():
         if t.device != q.device:
             _fail(f"{name} is on {t.device}, q on {q.device}")
@@ -382,7 +404,8 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
 
 
 def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
-                    num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee"):
+                    num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee",
+                    error_flag=None):
     """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill). Returns Triton's
     handle of the compiled kernel (registers, spills: ``.n_regs``, ``.n_spills``)."""
     T, HK, K = q.shape
@@ -391,7 +414,7 @@ def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta
     return _chunk_intra_kernel[(n_cprog * HV,)](
         q, k, v, a, b, A_log, dt_bias, out,
         ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn,
-        meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx,
+        meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,
         T, meta.max_seqs, meta.max_chunks,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         float(scale),
@@ -403,8 +426,10 @@ def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta
 
 
 def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
-                  bv: int = 32, num_warps: int = 4, num_stages: int = 2, dot_precision: str = "ieee"):
-    """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill)."""
+                  bv: int = 32, num_warps: int = 4, num_stages: int = 2,
+                  dot_precision: str = "ieee", error_flag=None):
+    """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill). The token
+    count T is out's (the workspace holds at least as many)."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
@@ -413,6 +438,7 @@ def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
     _chunk_seq_kernel[grid](
         out, ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets, meta.ckpt_slots,
+        error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
         meta.block_size, out.stride(0), ssm.stride(0),
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=bv, BC=CHUNK,
@@ -422,7 +448,8 @@ def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
 
 
 def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=None, scale=None,
-                      workspace: ChunkWorkspace | None = None, config: ChunkConfig | None = None):
+                      workspace: ChunkWorkspace | None = None, config: ChunkConfig | None = None,
+                      error_flag=None):
     """Chunked GatedDeltaNet prefill over a varlen batch, storing block states into the pool.
 
     Args:
@@ -435,16 +462,21 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
             HV * V * K. MUTATED: for sequence i, ssm[write_slot[i]] gets the final state and
             ssm[ckpt_slots[ckpt_offsets[i] + e]] the state after (start_pos[i] // B + 1 + e) * B
             tokens (slot -1: nothing). ssm[read_slot[i]] is read first (-1: zero state); it may be
-            one of the slots written. No other slot is touched.
+            one of the slots written. No other slot is touched; a slot outside [-1, num_slots)
+            is treated as -1 (ERR_SLOT).
         meta: ChunkMeta (see gdn_graphs.ops.meta); T may exceed its live tokens cu_seqlens[-1].
+            One built on the host must cover at most T tokens (ValueError); on the device, spans
+            past T are clipped (ERR_TOKENS) and inconsistent tables skipped (ERR_META).
         out: [T, HV, V] (default: new, v's dtype), last dim contiguous, head stride V. MUTATED:
             live rows get the outputs, padding rows (>= cu_seqlens[-1]) zeros.
         scale: query scale, default K ** -0.5.
         workspace: ChunkWorkspace (max_tokens >= T, same HV, K, V, input dtype); default: a new one.
         config: ChunkConfig launch knobs.
+        error_flag: optional int32 [>= 1]; gdn_graphs.ops.common's codes are OR-ed into element 0.
     Returns ``out``. Graph-safe: no host sync and no allocation when out and workspace are given.
     """
     _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace)
+    check_flag("gdn_chunk_prefill", error_flag, q.device, ref="q")
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     cfg = DEFAULT_CONFIG if config is None else config
@@ -459,7 +491,8 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
     chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, workspace, meta, scale,
-                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec)
+                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
+                    error_flag=error_flag)
     chunk_seq_fwd(out, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-                  num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec)
+                  num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
     return out

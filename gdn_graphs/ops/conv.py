@@ -22,6 +22,12 @@ Grids: decode (N, cdiv(C, BLOCK_C)); prefill (cdiv(C, BLOCK_C), max(max_chunks, 
 channel blocks fastest so that CTAs resident together stream whole rows of x. Row tile i_t of the
 prefill grid also zeroes the padding rows [cu_seqlens[-1], T) that fall in [64 i_t, 64 i_t + 64).
 
+Memory safety does not rest on slot values or metadata: a slot outside [-1, num_slots) reads and
+stores nothing (as -1), a sequence's span is clipped to [0, T), its start position to [0, MAX_POS),
+chunk and checkpoint entries outside their tables or the span are skipped, and every such repair
+sets a code in the optional ``error_flag`` (gdn_graphs.ops.common). All of it is scalar
+arithmetic and masks on existing accesses: valid inputs compute exactly what they did.
+
 Supported kernel widths: 2 <= W <= 8 (tested: 2, 3, 4, 6). Arithmetic is fp32 with the same
 operation sequence everywhere (taps oldest first, then bias, then SiLU), so a token's output does
 not depend on which tile or kernel computed it: a warm run resumed from a stored window repeats the
@@ -35,7 +41,9 @@ import triton
 import triton.language as tl
 
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.ops.common import FLOAT_DTYPES, check_meta, check_slots, fail
+from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES,
+                                   bad_slot, check_flag, check_meta, check_slots, clip_pos,
+                                   clip_span, fail, report, slot_ok, span_chunks)
 
 __all__ = ["conv_decode", "conv_prefill"]
 
@@ -53,14 +61,15 @@ PREFILL_BLOCK_E = 16  # checkpoints stored per iteration by chunk 0's program
 # --------------------------------------------------------------------------------------------- #
 
 
-@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
-@triton.jit
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None,
+                    "HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["num_slots"])
 def _conv_decode_kernel(
-    x, weight, bias, conv, y, read_slot, write_slot,
-    C,
+    x, weight, bias, conv, y, read_slot, write_slot, error_flag,
+    C, num_slots,
     stride_x, stride_y, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
     W: tl.constexpr, WP: tl.constexpr, BLOCK_C: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
     i_c = tl.program_id(1)
@@ -71,9 +80,11 @@ def _conv_decode_kernel(
 
     r_slot = tl.load(read_slot + i_n)
     w_slot = tl.load(write_slot + i_n)
-    has_init = r_slot >= 0
-    # [BLOCK_C] (dereferenced only if r_slot >= 0)
-    src = conv + r_slot.to(tl.int64) * stride_slot + o_c * stride_sc
+    # only slots inside the pool are dereferenced; -1 and bad values address slot 0, masked
+    has_init = slot_ok(r_slot, num_slots)
+    has_w = slot_ok(w_slot, num_slots)
+    # [BLOCK_C] (dereferenced only if has_init)
+    src = conv + tl.where(has_init, r_slot, 0).to(tl.int64) * stride_slot + o_c * stride_sc
 
     # Phase 1: every load. Layouts of loads and stores may differ (different threads own the same
     # element), so in-place (read == write, or out == x) needs all loads done before the barrier.
@@ -90,7 +101,7 @@ def _conv_decode_kernel(
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     # A padded row (both slots -1) outputs zeros.
-    acc = tl.where((r_slot < 0) & (w_slot < 0), 0.0, acc)
+    acc = tl.where(has_init | has_w, acc, 0.0)
     # New window [c, m] = old window [c, m + 1] for m < W - 2, x for m = W - 2.
     shifted = tl.load(src[:, None] + (o_m + 1)[None, :] * stride_sk,
                       mask=m_c[:, None] & ((o_m + 1 < W - 1) & has_init)[None, :], other=0.0)
@@ -99,9 +110,11 @@ def _conv_decode_kernel(
     tl.debug_barrier()
     # Phase 2: stores.
     tl.store(y + i_n * stride_y + o_c, acc.to(y.dtype.element_ty), mask=m_c)
-    dst = (conv + w_slot.to(tl.int64) * stride_slot + o_c[:, None] * stride_sc
+    dst = (conv + tl.where(has_w, w_slot, 0).to(tl.int64) * stride_slot + o_c[:, None] * stride_sc
            + o_m[None, :] * stride_sk)
-    tl.store(dst, new.to(conv.dtype.element_ty), mask=(m_c[:, None] & m_m[None, :]) & (w_slot >= 0))
+    tl.store(dst, new.to(conv.dtype.element_ty), mask=(m_c[:, None] & m_m[None, :]) & has_w)
+    report(error_flag, bad_slot(r_slot, num_slots) | bad_slot(w_slot, num_slots), ERR_SLOT_C,
+           HAS_FLAG)
 
 
 @triton.jit
@@ -128,18 +141,21 @@ def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x
     return tl.where(in_x[None, :], xv.to(iv.dtype), iv)
 
 
-# Not specialised on (see chunk.py's intra kernel): T, the planner's limits, and the pool's slot
-# stride (an engine's page size; it only addresses the few window loads and checkpoint stores per
-# sequence, where an alignment proof buys nothing).
-@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None})
-@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "stride_slot"])
+# Not specialised on (see chunk.py's intra kernel): T, the planner's limits, the pool's size and
+# its slot stride (an engine's page size; it only addresses the few window loads and checkpoint
+# stores per sequence, where an alignment proof buys nothing).
+@triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None,
+                    "HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "max_ckpts", "num_slots",
+                               "stride_slot"])
 def _conv_prefill_kernel(
     x, weight, bias, conv, y,
     cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, chunk_seq, chunk_idx,
-    T, C, max_seqs, max_chunks, block_size,
+    error_flag,
+    T, C, max_seqs, max_chunks, max_ckpts, num_slots, block_size,
     stride_x, stride_y, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):
     # Channel blocks vary fastest: CTAs resident together read whole rows of x (long contiguous
     # runs), and chunk j's 3-row halo was just read by chunk j - 1's CTAs (an L2 hit).
@@ -157,17 +173,29 @@ def _conv_prefill_kernel(
         m = (r >= total) & (r < T)
         tl.store(y + r.to(tl.int64)[:, None] * stride_y + o_c[None, :],
                  tl.zeros([BT, BLOCK_C], dtype=y.dtype.element_ty), mask=m[:, None] & m_c[None, :])
+    report(error_flag, (i_t == 0) & (i_c == 0) & ((total < 0) | (total > T)), ERR_TOKENS_C,
+           HAS_FLAG)
     if i_t >= max_chunks:
         return
     seq = tl.load(chunk_seq + i_t)
-    if seq < 0:
+    # -1: an idle entry; any other value outside [0, max_seqs) names no sequence
+    report(error_flag, (seq < -1) | (seq >= max_seqs), ERR_META_C, HAS_FLAG)
+    if (seq < 0) | (seq >= max_seqs):
         return
 
     j = tl.load(chunk_idx + i_t)
-    bos = tl.load(cu_seqlens + seq)
-    eos = tl.load(cu_seqlens + seq + 1)
-    n = tl.load(start_pos + seq)
+    # The span clipped to the tensors' [0, T) and the position to [0, MAX_POS) (no change for valid
+    # metadata): every token index below is inside x and y, and no position arithmetic overflows.
+    bos, eos, clipped = clip_span(tl.load(cu_seqlens + seq), tl.load(cu_seqlens + seq + 1), T)
+    n, moved = clip_pos(tl.load(start_pos + seq))
+    report(error_flag, clipped | moved, ERR_TOKENS_C, HAS_FLAG)
+    q = eos - bos
     off = n % BT
+    # chunk j must be one of the span's chunks (else it would compute nothing, or repeat another)
+    bad_j = (j < 0) | (j >= span_chunks(n, q, BT))
+    report(error_flag, bad_j, ERR_META_C, HAS_FLAG)
+    if bad_j:
+        return
     first = j == 0
     # Chunk j covers [bos + max(0, j*BT - off), min(bos + (j+1)*BT - off, eos)). The first W - 1
     # tokens of the span (whose windows reach into the initial window) are left to the "head" tile
@@ -190,11 +218,21 @@ def _conv_prefill_kernel(
         # All of this sequence's pool traffic, for this channel block.
         r_slot = tl.load(read_slot + seq)
         w_slot = tl.load(write_slot + seq)
-        e_lo = tl.load(ckpt_offsets + seq)
-        nck = tl.load(ckpt_offsets + seq + 1) - e_lo
-        q = eos - bos
-        has_init = r_slot >= 0
-        init = conv + r_slot.to(tl.int64) * stride_slot + o_c * stride_sc  # [BLOCK_C]
+        e_lo0 = tl.load(ckpt_offsets + seq)
+        nck0 = tl.load(ckpt_offsets + seq + 1) - e_lo0
+        # Checkpoint entries: inside ckpt_slots, and no more than the span has boundaries (which
+        # is what a valid table holds; then nothing changes).
+        e_lo = tl.minimum(tl.maximum(e_lo0, 0), max_ckpts)
+        nck_span = (n + q - 1) // block_size - n // block_size
+        nck = tl.minimum(tl.maximum(nck0, 0), tl.minimum(nck_span, max_ckpts - e_lo))
+        report(error_flag, (e_lo != e_lo0) | (nck != nck0) | (nck0 != nck_span), ERR_META_C,
+               HAS_FLAG)
+        # only slots inside the pool are dereferenced; -1 and bad values address slot 0, masked
+        has_init = slot_ok(r_slot, num_slots)
+        has_w = slot_ok(w_slot, num_slots)
+        report(error_flag, bad_slot(r_slot, num_slots) | bad_slot(w_slot, num_slots), ERR_SLOT_C,
+               HAS_FLAG)
+        init = conv + tl.where(has_init, r_slot, 0).to(tl.int64) * stride_slot + o_c * stride_sc
         o_m = tl.arange(0, WP)
         m_m = o_m < W - 1
         # Head tile: tokens bos + i, i < min(W - 1, q). Tap k of token i is span index
@@ -221,32 +259,37 @@ def _conv_prefill_kernel(
         # Phase 1: the reads that may touch the pool. The final window is the last W - 1 inputs
         # (span index q - W + 1 ...); checkpoint 0's, the W - 1 inputs before p_0.
         p0 = (n // block_size + 1) * block_size
-        fin = _load_window(x, init, bos, q - (W - 1), q, w_slot >= 0, has_init, o_c, m_c, o_m, m_m,
+        fin = _load_window(x, init, bos, q - (W - 1), q, has_w, has_init, o_c, m_c, o_m, m_m,
                            stride_x, stride_sk, W)
         ck0 = _load_window(x, init, bos, p0 - n - (W - 1), q, nck > 0, has_init, o_c, m_c, o_m,
                            m_m, stride_x, stride_sk, W)
         tl.debug_barrier()
         # Phase 2: checkpoints in order, then the final window.
         s0 = tl.load(ckpt_slots + e_lo, mask=nck > 0, other=-1)
-        tl.store(conv + s0.to(tl.int64) * stride_slot + pc, ck0.to(conv.dtype.element_ty),
-                 mask=m_cm & (s0 >= 0))
+        s0_ok = slot_ok(s0, num_slots)
+        report(error_flag, bad_slot(s0, num_slots), ERR_SLOT_C, HAS_FLAG)
+        tl.store(conv + tl.where(s0_ok, s0, 0).to(tl.int64) * stride_slot + pc,
+                 ck0.to(conv.dtype.element_ty), mask=m_cm & s0_ok)
         # Checkpoints e >= 1 sit at least B - W + 1 > 0 tokens into the span: x only, no pool reads.
         # (A while loop: the Triton interpreter cannot take a loaded scalar as a range bound.)
         e = 1 + tl.arange(0, BLOCK_E)
         e0 = 1
         while e0 < nck:
             se = tl.load(ckpt_slots + e_lo + e, mask=e < nck, other=-1)
+            se_ok = slot_ok(se, num_slots)
+            report(error_flag, tl.max(bad_slot(se, num_slots).to(tl.int32), 0) > 0, ERR_SLOT_C,
+                   HAS_FLAG)
             src = bos + (n // block_size + 1 + e) * block_size - n - (W - 1)  # first input, flat
-            m3 = (se >= 0)[:, None, None] & m_cm[None, :, :]
+            m3 = se_ok[:, None, None] & m_cm[None, :, :]
             vals = tl.load(x + (src[:, None, None] + o_m[None, None, :]).to(tl.int64) * stride_x
                            + o_c[None, :, None], mask=m3, other=0.0)
-            tl.store(conv + se.to(tl.int64)[:, None, None] * stride_slot + pc[None, :, :],
-                     vals.to(conv.dtype.element_ty), mask=m3)
+            tl.store(conv + tl.where(se_ok, se, 0).to(tl.int64)[:, None, None] * stride_slot
+                     + pc[None, :, :], vals.to(conv.dtype.element_ty), mask=m3)
             e += BLOCK_E
             e0 += BLOCK_E
         tl.debug_barrier()
-        tl.store(conv + w_slot.to(tl.int64) * stride_slot + pc, fin.to(conv.dtype.element_ty),
-                 mask=m_cm & (w_slot >= 0))
+        tl.store(conv + tl.where(has_w, w_slot, 0).to(tl.int64) * stride_slot + pc,
+                 fin.to(conv.dtype.element_ty), mask=m_cm & has_w)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -319,27 +362,30 @@ def _block_c(fn, block_c, default, C):
 # --------------------------------------------------------------------------------------------- #
 
 
-def _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, silu, BLOCK_C, num_warps):
+def _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, silu, BLOCK_C, num_warps,
+                   error_flag=None):
     """Grid (N, cdiv(C, BLOCK_C)) over x [N, C]; writes out [N, C] and the write slots of conv."""
     (N, C), W = x.shape, weight.shape[1]
     _conv_decode_kernel[(N, triton.cdiv(C, BLOCK_C))](
-        x, weight, bias, conv, out, read_slot, write_slot,
-        C,
+        x, weight, bias, conv, out, read_slot, write_slot, error_flag,
+        C, conv.shape[0],
         x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
         conv.stride(0), conv.stride(1), conv.stride(2),
         W=W, WP=triton.next_power_of_2(W - 1), BLOCK_C=BLOCK_C, SILU=silu, num_warps=num_warps,
     )
 
 
-def _launch_prefill(x, weight, bias, conv, out, meta, tiles, silu, BLOCK_C, BLOCK_E, num_warps):
+def _launch_prefill(x, weight, bias, conv, out, meta, tiles, silu, BLOCK_C, BLOCK_E, num_warps,
+                    error_flag=None):
     """Grid (cdiv(C, BLOCK_C), tiles) over x [T, C]; writes out [T, C] (padding rows too) and the
     write and checkpoint slots of conv."""
     (T, C), W = x.shape, weight.shape[1]
     _conv_prefill_kernel[(triton.cdiv(C, BLOCK_C), tiles)](
         x, weight, bias, conv, out,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
-        meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx,
-        T, C, meta.max_seqs, meta.max_chunks, meta.block_size,
+        meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx, error_flag,
+        T, C, meta.max_seqs, meta.max_chunks, meta.ckpt_slots.shape[0], conv.shape[0],
+        meta.block_size,
         x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
         conv.stride(0), conv.stride(1), conv.stride(2),
         W=W, WP=triton.next_power_of_2(W - 1), BT=CHUNK, BLOCK_C=BLOCK_C, BLOCK_E=BLOCK_E,
@@ -353,7 +399,7 @@ def _launch_prefill(x, weight, bias, conv, out, meta, tiles, silu, BLOCK_C, BLOC
 
 
 def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activation="silu", *,
-                block_c=None, num_warps=None):
+                block_c=None, num_warps=None, error_flag=None):
     """One decode token per row: causal depthwise conv1d continuing from a pooled window.
 
     x           [N, C] float16/bfloat16/float32, channels contiguous, any row stride.
@@ -364,8 +410,10 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
                 conv[read_slot[i]] (-1: zeros) and stores its new window (the last W-1 of
                 window ++ x[i]) to conv[write_slot[i]] (-1: nothing). read == write (in place)
                 and read != write both work. A row with both slots -1 is padding: output zeros.
+                A slot outside [-1, num_slots) is treated as -1 (and reported: ERR_SLOT).
     out         [N, C], x's dtype, channels contiguous; allocated when None. out may be x itself.
     activation  "silu" or None.
+    error_flag  optional int32 [>= 1]: gdn_graphs.ops.common's codes are OR-ed into element 0.
     Returns out: y[i] = act(bias + sum_j weight[:, j] * xx[j]), xx = window ++ x[i], in fp32 then
     cast to x's dtype. Graph-safe: grid (N, cdiv(C, block_c)), no sync, no allocation if out given.
     """
@@ -373,6 +421,7 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
     N, C = x.shape
     check_slots("conv_decode", "read_slot", read_slot, N, x.device, ref="x")
     check_slots("conv_decode", "write_slot", write_slot, N, x.device, ref="x")
+    check_flag("conv_decode", error_flag, x.device, ref="x")
     if out is not None and _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
         fail("conv_decode", "out must be x itself or not overlap it")
     if out is None:
@@ -381,12 +430,12 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
         return out
     BLOCK_C = _block_c("conv_decode", block_c, DECODE_BLOCK_C, C)
     _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, activation == "silu", BLOCK_C,
-                   DECODE_NUM_WARPS if num_warps is None else num_warps)
+                   DECODE_NUM_WARPS if num_warps is None else num_warps, error_flag)
     return out
 
 
 def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, block_c=None,
-                 num_warps=None, block_e=None):
+                 num_warps=None, block_e=None, error_flag=None):
     """Varlen prefill: causal depthwise conv1d per sequence, storing windows into the pool.
 
     x           [T, C] float16/bfloat16/float32, channels contiguous, any row stride. Tokens of
@@ -401,15 +450,20 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
                   (-1: nothing). Checkpoints are stored in order, then the final window.
                 The initial window is conv[read_slot[i]] (-1: zeros); it is read before any of the
                 sequence's stores, so a checkpoint or write slot may equal the read slot.
-    meta        ChunkMeta (gdn_graphs.ops.meta); its buffers may be longer than the live batch.
+    meta        ChunkMeta (gdn_graphs.ops.meta); its buffers may be longer than the live batch. One
+                built on the host must cover at most T tokens (ValueError). Slots outside
+                [-1, num_slots) and spans or tables that point outside the tensors are never
+                dereferenced (ERR_SLOT, ERR_TOKENS, ERR_META in ``error_flag``).
     out         [T, C], x's dtype, channels contiguous, not overlapping x; allocated when None.
     activation  "silu" or None.
+    error_flag  optional int32 [>= 1]: gdn_graphs.ops.common's codes are OR-ed into element 0.
     Returns out. Graph-safe: grid (cdiv(C, block_c), max(meta.max_chunks, cdiv(T, 64))) depends on
     buffer sizes only; no sync; no allocation if out is given. block_e: checkpoints per iteration.
     """
     _check_common("conv_prefill", x, weight, bias, conv, out, activation, "T")
-    check_meta("conv_prefill", meta, x.device, ref="x")
     T, C = x.shape
+    check_meta("conv_prefill", meta, x.device, T, ref="x")
+    check_flag("conv_prefill", error_flag, x.device, ref="x")
     if out is not None and _overlaps(out, x):
         fail("conv_prefill", "out must not overlap x: prefill programs read neighbouring tokens of x")
     if out is None:
@@ -425,5 +479,5 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
         fail("conv_prefill", f"{tiles} chunk tiles exceed 65535: split the batch (T = {T}, "
              f"max_chunks = {meta.max_chunks})")
     _launch_prefill(x, weight, bias, conv, out, meta, tiles, activation == "silu", BLOCK_C, BLOCK_E,
-                    PREFILL_NUM_WARPS if num_warps is None else num_warps)
+                    PREFILL_NUM_WARPS if num_warps is None else num_warps, error_flag)
     return out

@@ -22,6 +22,11 @@ Nothing in the launchers synchronises, allocates (except ``out`` when it is None
 values, so both functions can be captured in CUDA graphs. Shapes, dtypes and strides are checked up
 front (metadata only); slot *values* are the planner's responsibility: the write slots of a launch
 must be distinct and no row may read a slot that another row writes.
+
+Memory safety does not rest on the values: a slot outside [-1, num_slots) is treated as -1 (never
+dereferenced) and a row's tokens are clipped to [0, T) (gdn_decode_multi), and each such repair
+sets a code in the optional ``error_flag`` (gdn_graphs.ops.common). With programmatic dependent
+launch the flag is written only after ``gdc_wait()``, like everything else the kernel writes.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdn_graphs.constants import NO_SLOT
-from gdn_graphs.ops.common import (FLOAT_DTYPES, check_slots, fail, gdn_gate, interpreting,
-                                   inv_l2norm)
+from gdn_graphs.ops.common import (ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES, bad_slot,
+                                   check_flag, check_slots, clip_span, fail, gdn_gate,
+                                   interpreting, inv_l2norm, report, slot_ok)
 
 __all__ = ["gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported"]
 
-# the kernel tests "slot >= 0"; it relies on NO_SLOT being the only negative slot value
+# the kernel dereferences only slots in [0, num_slots); any other value reads as NO_SLOT, and
+# anything but -1 among them is reported (common.bad_slot)
 assert NO_SLOT == -1
 
 _INPUT_DTYPES = FLOAT_DTYPES + (torch.float64,)  # fp64 inputs are read as fp32
@@ -89,20 +96,24 @@ def _wait_for_previous_kernel():
     gdc_launch_dependents()
 
 
+# Not specialised on: Tmax (the width of a write-slot table), T (the step's token count) and
+# num_slots (the pool's size): they depend on the engine, not the model (see chunk.py).
 @triton.heuristics({
     "IS_VARLEN": lambda args: args["cu_seqlens"] is not None,
+    "HAS_FLAG": lambda args: args["error_flag"] is not None,
     "BK": lambda args: triton.next_power_of_2(args["K"]),
 })
-@triton.jit(do_not_specialize=["Tmax"])
+@triton.jit(do_not_specialize=["Tmax", "T", "num_slots"])
 def _gdn_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     ssm_ptr, o_ptr,
-    cu_seqlens, read_slot_ptr, write_slot_ptr,
+    cu_seqlens, read_slot_ptr, write_slot_ptr, error_flag,
     stride_qt, stride_kt, stride_vt, stride_at, stride_bt, stride_ot,
-    stride_slot, stride_w_slot, Tmax,
+    stride_slot, stride_w_slot, Tmax, T, num_slots,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
 ):
     i_n = tl.program_id(0)
     i_j = tl.program_id(1)
@@ -124,16 +135,21 @@ def _gdn_decode_kernel(
     dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
 
     r_slot = tl.load(read_slot_ptr + i_n)
-    # never form an address from slot -1: clamp, and mask the access instead
-    p_read = ssm_ptr + tl.maximum(r_slot, 0).to(tl.int64) * stride_slot + o_h
+    # never form an address from a slot outside the pool (-1 or bad): use slot 0, mask the access
+    r_ok = slot_ok(r_slot, num_slots)
+    p_read = ssm_ptr + tl.where(r_ok, r_slot, 0).to(tl.int64) * stride_slot + o_h
 
     if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n)
-        eos = tl.load(cu_seqlens + i_n + 1)
+        # the row's tokens clipped to the tensors' [0, T) (no change for valid metadata): every
+        # token index below is inside q, k, v, a, b and out, and the loop runs at most T times
+        bos, eos, clipped = clip_span(tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1), T)
         # state is loaded once; a 0-token row skips the loop and touches nothing else
-        b_h = tl.load(p_read, mask=mask_h & (r_slot >= 0) & (eos > bos), other=0.).to(tl.float32)
+        b_h = tl.load(p_read, mask=mask_h & r_ok & (eos > bos), other=0.).to(tl.float32)
         if USE_PDL:
             _wait_for_previous_kernel()
+        # (the flag, like every write, only after the wait)
+        report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
+        report(error_flag, clipped, ERR_TOKENS_C, HAS_FLAG)
         # a while loop, not range(bos, eos): runtime trip counts the same on the GPU, and the
         # Triton interpreter under numpy >= 2 cannot turn a loaded scalar into a range bound
         t = bos
@@ -149,24 +165,30 @@ def _gdn_decode_kernel(
             i_t = t - bos
             w_slot = tl.load(write_slot_ptr + i_n.to(tl.int64) * stride_w_slot + i_t,
                              mask=i_t < Tmax, other=-1)
-            p_write = ssm_ptr + tl.maximum(w_slot, 0).to(tl.int64) * stride_slot + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (w_slot >= 0))
+            w_ok = slot_ok(w_slot, num_slots)
+            p_write = ssm_ptr + tl.where(w_ok, w_slot, 0).to(tl.int64) * stride_slot + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & w_ok)
+            report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
             t += 1
     else:
         w_slot = tl.load(write_slot_ptr + i_n)
+        w_ok = slot_ok(w_slot, num_slots)
         p_o = o_ptr + i_n.to(tl.int64) * stride_ot + i_hv * V + o_v
         # issue the big state load first (masked off, it costs nothing for a padded row)
-        b_h = tl.load(p_read, mask=mask_h & (r_slot >= 0), other=0.).to(tl.float32)
+        b_h = tl.load(p_read, mask=mask_h & r_ok, other=0.).to(tl.float32)
         if USE_PDL:
             _wait_for_previous_kernel()
-        if (r_slot >= 0) | (w_slot >= 0):
+        # (the flag, like every write, only after the wait)
+        report(error_flag, bad_slot(r_slot, num_slots) | bad_slot(w_slot, num_slots), ERR_SLOT_C,
+               HAS_FLAG)
+        if r_ok | w_ok:
             b_q, b_k, b_v, g, beta = _load_token(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_n, i_hk, i_hv, neg_A, dt_bias,
                 stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
                 o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
             b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
-            p_write = ssm_ptr + tl.maximum(w_slot, 0).to(tl.int64) * stride_slot + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & (w_slot >= 0))
+            p_write = ssm_ptr + tl.where(w_ok, w_slot, 0).to(tl.int64) * stride_slot + o_h
+            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & w_ok)
             tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
         else:
             # padded row: no slot to read or write, output is exactly zero
@@ -295,7 +317,7 @@ def _resolve_config(K, V, N, ssm, BV, num_warps):
 # --------------------------------------------------------------------------------------------
 
 def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-            write_stride, write_width, N, scale, BV, num_warps, pdl):
+            write_stride, write_width, N, scale, BV, num_warps, pdl, error_flag):
     """One launch of the kernel over N rows; checks already done, nothing here syncs.
 
     cu_seqlens None: row i is token i and writes write_slots[i] (write_stride, write_width 1).
@@ -311,9 +333,9 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
     grid = (N, HV * triton.cdiv(V, BV))
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm, out,
-        cu_seqlens, read_slot, write_slots,
+        cu_seqlens, read_slot, write_slots, error_flag,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
-        ssm.stride(0), write_stride, write_width,
+        ssm.stride(0), write_stride, write_width, q.shape[0], ssm.shape[0],
         scale,
         HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
@@ -326,7 +348,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
 # --------------------------------------------------------------------------------------------
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
-               *, BV=None, num_warps=None, pdl=False):
+               *, BV=None, num_warps=None, pdl=False, error_flag=None):
     """One GDN decode token per row, state read from and written to a slot pool.
 
     Args:
@@ -343,6 +365,9 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
         read_slot, write_slot: int32 [>= N] device tensors. Row i starts from ssm[read_slot[i]]
                      (-1: zeros) and stores its new state to ssm[write_slot[i]] (-1: nothing).
                      Both -1: padded row, output exactly zero. read == write works (in place).
+                     A value outside [-1, num_slots) is treated as -1 and reported (ERR_SLOT).
+                     Write slots must be distinct and read by no other row (not checked here:
+                     the planner's rule).
         out:         optional [N, HV, V] in v's dtype (last dim contiguous, head stride V);
                      every element is written. Allocated when None.
         scale:       q scale after l2norm, default K ** -0.5.
@@ -352,21 +377,24 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
                      start before this one ends. Requires that the kernel just before this one
                      does not write this launch's read slots (true when each layer owns its
                      pool). Pays off for back-to-back small launches, e.g. batch 1 in a graph.
+        error_flag:  optional int32 [>= 1] tensor; the kernel ORs gdn_graphs.ops.common's codes
+                     into element 0 (ERR_SLOT here), after its PDL wait. Never cleared here.
     Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
     """
     N, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
     _check_pdl(pdl, q.device)
+    check_flag("gdn_decode", error_flag, q.device, ref="q")
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slot", write_slot, N, q.device)
     BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
-                   N, scale, BV, num_warps, pdl)
+                   N, scale, BV, num_warps, pdl, error_flag)
 
 
 def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,
-                     out=None, scale=None, *, BV=None, num_warps=None, pdl=False):
+                     out=None, scale=None, *, BV=None, num_warps=None, pdl=False, error_flag=None):
     """A few GDN tokens per row (varlen), state kept in registers across each row's tokens.
 
     Args:
@@ -374,14 +402,18 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
         num_warps, pdl: as in ``gdn_decode`` (T is the total token count of the batch).
         cu_seqlens:  int32 [N + 1]; row i owns tokens cu_seqlens[i] .. cu_seqlens[i+1]. A row with
                      0 tokens is padding and touches nothing (no output rows belong to it).
+                     Spans are clipped to [0, T) on the device (ERR_TOKENS when that changes
+                     one): no token outside the tensors is read or written.
         read_slot:   int32 [>= N]; row i starts from ssm[read_slot[i]] (-1: zeros).
         write_slots: int32 [>= N, Tmax]; entry [i, t] receives the state after token t of row i
                      (-1: not stored). Tokens past Tmax store nothing. MUTATES those ssm slots.
         out:         optional [T, HV, V] in v's dtype; the rows of every token are written.
+        error_flag:  as in ``gdn_decode`` (ERR_SLOT, ERR_TOKENS).
     Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
     """
     T, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)
     _check_pdl(pdl, q.device)
+    check_flag("gdn_decode", error_flag, q.device, ref="q")
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         _fail("cu_seqlens must be a 1-d int32 tensor [N + 1]")
     N = cu_seqlens.shape[0] - 1
@@ -392,4 +424,5 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-                   write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps, pdl)
+                   write_slots.stride(0), write_slots.shape[1], N, scale, BV, num_warps, pdl,
+                   error_flag)

@@ -16,13 +16,22 @@ clipped to [n, n + q): a span that starts mid-chunk first finishes that chunk.
 All tensors are int32 and may be longer than the live batch (persistent buffers sized for the
 maximum): the tail of cu_seqlens / ckpt_offsets repeats the last value, start_pos is 0 there and
 every other tail entry is -1. Launch grids depend only on the buffer lengths, so a captured graph replays any batch.
+A ChunkMeta built on the host (make_chunk_meta, chunk_meta) also carries its host totals,
+``num_seqs`` and ``num_tokens``, so that a launcher refuses tensors too short for it before any
+launch; the planner's persistent buffers have none (their totals change every plan; the GDNStep
+carries them).
+
+Slot values are checked on the host by ``check_step_slots``, the one validator of every builder
+that holds them there (the planner, host_chunk_meta): slots inside [-1, num_slots), no slot
+written twice in a step, no row reading a slot that another row writes. The kernels themselves
+only guarantee memory safety (gdn_graphs.ops.common: the error flag).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import torch
 
@@ -42,14 +51,20 @@ class ChunkMeta:
     chunk_seq: torch.Tensor     # [max_chunks] int32
     chunk_idx: torch.Tensor     # [max_chunks] int32
     block_size: int             # B, a multiple of CHUNK
+    # host totals of a batch built on the host (None for persistent buffers): live sequences,
+    # and the end of the furthest span (cu_seqlens' largest value)
+    num_seqs: Optional[int] = None
+    num_tokens: Optional[int] = None
 
     # the fields that hold pool slots (an engine with several pools rewrites only these)
     SLOT_FIELDS: ClassVar[tuple[str, ...]] = ("read_slot", "write_slot", "ckpt_slots")
+    # the fields that are host values, not tensors
+    HOST_FIELDS: ClassVar[tuple[str, ...]] = ("block_size", "num_seqs", "num_tokens")
 
     @classmethod
     def tensor_fields(cls) -> tuple[str, ...]:
         """Names of the int32 tensors, in declaration order (host_chunk_meta's keys)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "block_size")
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.HOST_FIELDS)
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, name) for name in self.tensor_fields()]
@@ -88,6 +103,51 @@ def max_ckpts_bound(max_tokens: int, max_seqs: int, block_size: int) -> int:
     return max(1, max_tokens // block_size + max_seqs)
 
 
+def _slot_name(i: int, kind: str, e: int) -> str:
+    return {"read": "read slot", "write": "write slot"}.get(kind, f"checkpoint slot {e}")
+
+
+def check_step_slots(reads: Sequence[int], writes: Sequence[int], ckpts: Sequence[Sequence[int]],
+                     num_slots: int | None = None,
+                     where: Callable[[int, str, int], str] | None = None) -> None:
+    """The slot rules of one step, checked on the host (GDNPlanner and host_chunk_meta use this).
+
+    Row i reads ``reads[i]`` and writes ``writes[i]`` and the entries of ``ckpts[i]`` (NO_SLOT:
+    nothing). Raises ValueError, naming the first offending row, when
+      * a slot is below NO_SLOT, or ``num_slots`` is given and a slot is not below it;
+      * a slot is written twice in the step (twice by one row, or by two rows);
+      * a row reads a slot that another row writes (that would corrupt its starting state).
+    A row may read a slot it writes itself (decode in place; a first checkpoint in the block it
+    resumes from). ``where(i, kind, e)`` names a slot in the range message (kind "read", "write"
+    or "ckpt", e the checkpoint's index): the planner names block-table entries.
+    """
+    top = float("inf") if num_slots is None else num_slots
+    top_name = "num_slots" if num_slots is None else num_slots
+    writer: dict[int, int] = {}
+    for i, (r, w, ck) in enumerate(zip(reads, writes, ckpts)):
+        if not (NO_SLOT <= r < top and NO_SLOT <= w < top and all(NO_SLOT <= s < top for s in ck)):
+            where = where or _slot_name
+            for kind, e, s in (("read", 0, r), *(("ckpt", e, s) for e, s in enumerate(ck)),
+                               ("write", 0, w)):  # in table order
+                if s < NO_SLOT or s >= top:
+                    raise ValueError(f"row {i}: {where(i, kind, e)} = {s} is outside "
+                                     f"[{NO_SLOT}, {top_name})")
+        for s in (w, *ck):
+            if s == NO_SLOT:
+                continue
+            j = writer.get(s)
+            if j == i:
+                raise ValueError(f"row {i}: writes slot {s} twice in one step")
+            if j is not None:
+                raise ValueError(f"row {i}: writes slot {s}, which row {j} also writes")
+            writer[s] = i
+    for i, r in enumerate(reads):
+        if r != NO_SLOT:
+            j = writer.get(r, i)
+            if j != i:
+                raise ValueError(f"row {i}: reads slot {r}, which row {j} writes in the same step")
+
+
 def host_chunk_meta(
     seqlens: Sequence[int],
     start_pos: Sequence[int],
@@ -98,11 +158,17 @@ def host_chunk_meta(
     max_seqs: int | None = None,
     max_chunks: int | None = None,
     max_ckpts: int | None = None,
+    *,
+    num_slots: int | None = None,
+    check_slots: bool = True,
 ) -> dict[str, list[int]]:
     """Host lists for a ChunkMeta, padded to the given maxima (default: exactly the live size).
 
     ``ckpt_slots[i]`` must hold exactly num_checkpoints(start_pos[i], seqlens[i], block_size)
-    entries. Raises ValueError on anything inconsistent; the planner validates slots themselves.
+    entries. Raises ValueError on anything inconsistent, and on slots that ``check_step_slots``
+    refuses (written twice, read by one sequence and written by another, and with ``num_slots``
+    outside [-1, num_slots)); ``check_slots=False`` skips that for a caller that ran it already
+    (the planner, over every row of its step).
     """
     n = len(seqlens)
     if not (len(start_pos) == len(read_slot) == len(write_slot) == len(ckpt_slots) == n):
@@ -122,6 +188,9 @@ def host_chunk_meta(
         for j in range(num_chunks(s, q)):
             cseq.append(i)
             cidx.append(j)
+    if check_slots:
+        check_step_slots([int(r) for r in read_slot], [int(w) for w in write_slot],
+                         [[int(x) for x in c] for c in ckpt_slots], num_slots)
     max_seqs = n if max_seqs is None else max_seqs
     max_chunks = len(cseq) if max_chunks is None else max_chunks
     max_ckpts = max(1, len(ck)) if max_ckpts is None else max_ckpts
@@ -147,13 +216,18 @@ def host_chunk_meta(
 
 def make_chunk_meta(device, block_size: int, **lists) -> ChunkMeta:
     """Fresh device tensors from host_chunk_meta's lists: for eager use and tests. The planner
-    copies the same lists into its persistent buffers instead."""
+    copies the same lists into its persistent buffers instead. The ChunkMeta carries the host
+    totals of the lists: its live sequences (spans of at least one token) and the end of its
+    furthest span (the largest cu_seqlens value), which the launchers check against T."""
+    cu = [int(x) for x in lists["cu_seqlens"]]
+    num_seqs = sum(b > a for a, b in zip(cu, cu[1:]))
     t = {k: torch.tensor(v, dtype=torch.int32, device=device) for k, v in lists.items()}
-    return ChunkMeta(block_size=block_size, **t)
+    return ChunkMeta(block_size=block_size, num_seqs=num_seqs, num_tokens=max(cu), **t)
 
 
 def chunk_meta(seqlens, start_pos, read_slot, write_slot, ckpt_slots, block_size, device="cpu",
-               **maxima) -> ChunkMeta:
-    """host_chunk_meta + make_chunk_meta in one call."""
-    lists = host_chunk_meta(seqlens, start_pos, read_slot, write_slot, ckpt_slots, block_size, **maxima)
+               num_slots=None, **maxima) -> ChunkMeta:
+    """host_chunk_meta + make_chunk_meta in one call (``num_slots``: also range-check the slots)."""
+    lists = host_chunk_meta(seqlens, start_pos, read_slot, write_slot, ckpt_slots, block_size,
+                            num_slots=num_slots, **maxima)
     return make_chunk_meta(device, block_size, **lists)

@@ -31,6 +31,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from gdn_graphs import nvtx
 from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
 from gdn_graphs.ops.decode import gdn_decode, pdl_supported
@@ -98,13 +99,21 @@ def _split_qkv(x: torch.Tensor, HK: int, K: int, HV: int, V: int):
 
 def run_gdn_core(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, weights: GDNWeights,
                  pools: GDNPools, step: GDNStep, out: torch.Tensor,
-                 workspace: Optional[ChunkWorkspace] = None) -> torch.Tensor:
+                 workspace: Optional[ChunkWorkspace] = None, layer: int = -1) -> torch.Tensor:
     """Conv + GDN recurrence of one layer over ``step``'s flat batch.
 
     mixed_qkv [T, conv_dim] (packed q|k|v before the conv, conv_dim = 2*HK*K + HV*V), a, b [T, HV]:
     the layer's inputs for T >= step.num_tokens rows. Writes ``out`` [T, HV, V] (rows past the
-    step's tokens zeroed) and the pools' write/checkpoint slots; returns ``out``.
+    step's tokens zeroed) and the pools' write/checkpoint slots; returns ``out``. Every kernel
+    gets ``step.error_flag`` (when not None) and ORs into it what it met that no slot or token
+    check on the host could have caught (gdn_graphs.ops.common). ``layer`` is only the payload
+    of the NVTX ranges gdn.core, gdn.core.decode and gdn.core.prefill (gdn_graphs.nvtx).
     """
+    with nvtx.range("gdn.core", layer):
+        return _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer)
+
+
+def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
     T = mixed_qkv.shape[0]
     _, HV, V, K = pools.ssm.shape
     HK = (mixed_qkv.shape[1] - HV * V) // (2 * K)
@@ -112,23 +121,27 @@ def run_gdn_core(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, weig
     if nd + n_pre > T:
         raise ValueError(f"gdn_core: step has {nd} decode + {n_pre} prefill tokens, batch holds {T}")
     w = weights
+    flag = step.error_flag
     conv_out = torch.empty_like(mixed_qkv)
     if nd:
-        r_slot, w_slot = step.decode_read[:nd], step.decode_write[:nd]
-        conv_decode(mixed_qkv[:nd], w.conv_weight, w.conv_bias, pools.conv, r_slot, w_slot,
-                    out=conv_out[:nd])
-        q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
-        # programmatic dependent launch: the state loads overlap conv_decode, which writes only
-        # the conv pool and conv_out (the state pool's write slots are read by no row)
-        gdn_decode(q, k, v, a[:nd], b[:nd], w.A_log, w.dt_bias, pools.ssm, r_slot, w_slot,
-                   out=out[:nd], pdl=pdl_supported(q.device))
+        with nvtx.range("gdn.core.decode", layer):
+            r_slot, w_slot = step.decode_read[:nd], step.decode_write[:nd]
+            conv_decode(mixed_qkv[:nd], w.conv_weight, w.conv_bias, pools.conv, r_slot, w_slot,
+                        out=conv_out[:nd], error_flag=flag)
+            q, k, v = _split_qkv(conv_out[:nd], HK, K, HV, V)
+            # programmatic dependent launch: the state loads overlap conv_decode, which writes
+            # only the conv pool, conv_out and the error flag (the state pool's write slots are
+            # read by no row; gdn_decode touches the flag only after its wait)
+            gdn_decode(q, k, v, a[:nd], b[:nd], w.A_log, w.dt_bias, pools.ssm, r_slot, w_slot,
+                       out=out[:nd], pdl=pdl_supported(q.device), error_flag=flag)
     if n_pre:
-        sl = slice(nd, nd + n_pre)
-        conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
-                     out=conv_out[sl])
-        q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
-        gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
-                          out=out[sl], workspace=workspace)
+        with nvtx.range("gdn.core.prefill", layer):
+            sl = slice(nd, nd + n_pre)
+            conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
+                         out=conv_out[sl], error_flag=flag)
+            q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
+            gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
+                              out=out[sl], workspace=workspace, error_flag=flag)
     if nd + n_pre < T:
         out[nd + n_pre:].zero_()
     return out
@@ -160,14 +173,14 @@ def gdn_core(
         A_log, dt_bias: [HV] float32.
         conv_pool:   [num_slots, conv_dim, W-1]  MUTATED (the step's write/checkpoint slots).
         ssm_pool:    [num_slots, HV, V, K] fp32  MUTATED (the step's write/checkpoint slots).
-        layer_idx:   index of the layer (only used for the debug record).
+        layer_idx:   index of the layer (the debug record and the NVTX payload).
     Returns o [T, HV, V] in mixed_qkv's dtype; rows past the step's real tokens are zero.
     """
     ctx = get_step_context()
     _, HV, V, _ = ssm_pool.shape
     o = mixed_qkv.new_empty(mixed_qkv.shape[0], HV, V)
     run_gdn_core(mixed_qkv, a, b, GDNWeights(conv_weight, conv_bias, A_log, dt_bias),
-                 GDNPools(conv_pool, ssm_pool), ctx.step, o, ctx.workspace)
+                 GDNPools(conv_pool, ssm_pool), ctx.step, o, ctx.workspace, layer_idx)
     if ctx.record is not None:
         ctx.record.setdefault(layer_idx, []).append(o[:ctx.step.num_tokens].detach().clone())
     return o

@@ -13,7 +13,14 @@ one slot repeated for every block.
 
 Validation happens on the host BEFORE any buffer is touched, so a rejected call leaves the previous
 plan intact. Only the table entries that the step uses are range-checked (a long-context table can
-hold thousands of entries per row; the unused ones are never read by a kernel).
+hold thousands of entries per row; the unused ones are never read by a kernel). The slot rules
+(range, nothing written twice, nothing read that another row writes) are
+``gdn_graphs.ops.meta.check_step_slots``, shared with host_chunk_meta.
+
+Error flag: the planner also owns one int32 error flag (the last element of ``flat``, so each plan()
+zeroes it in its one copy) and puts it in every step it returns; the kernels OR into it what they
+met that the host could not check (gdn_graphs.ops.common: ERR_SLOT, ERR_TOKENS, ERR_META).
+``read_errors()`` reads it (a sync): the codes met since the last plan().
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import torch
 
 from gdn_graphs import nvtx
 from gdn_graphs.constants import CHUNK, NO_SLOT
-from gdn_graphs.ops.meta import ChunkMeta, host_chunk_meta, max_chunks_bound, max_ckpts_bound
+from gdn_graphs.ops.common import error_names
+from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, host_chunk_meta, max_chunks_bound,
+                                 max_ckpts_bound)
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
 from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, count_decode_rows,
                                      read_block, write_block)
@@ -87,6 +96,7 @@ class GDNPlanner:
     Buffers (int32, all views of one flat tensor ``self.flat``; never reallocated):
         decode_read[max_seqs], decode_write[max_seqs]   slots of decode row i; tail NO_SLOT
         prefill: ChunkMeta                              see gdn_graphs.ops.meta (tails padded there)
+        error_flag[1]                                   the kernels' error codes; 0 after plan()
     ``plan()`` enqueues its copy on the current CUDA stream, so kernels or graph replays enqueued
     later on that stream see the new plan and earlier ones still see the old one.
     """
@@ -101,7 +111,7 @@ class GDNPlanner:
         sizes = {"decode_read": S, "decode_write": S, "read_slot": S, "write_slot": S,
                  "ckpt_slots": limits.max_ckpts, "cu_seqlens": S + 1, "start_pos": S,
                  "ckpt_offsets": S + 1, "chunk_seq": limits.max_chunks,
-                 "chunk_idx": limits.max_chunks}
+                 "chunk_idx": limits.max_chunks, "error_flag": 1}
         self._spans: dict[str, tuple[int, int]] = {}
         off = 0
         for name, size in sizes.items():
@@ -118,6 +128,7 @@ class GDNPlanner:
         self.decode_read: torch.Tensor = views["decode_read"]
         self.decode_write: torch.Tensor = views["decode_write"]
         self.prefill = ChunkMeta(block_size=limits.block_size, **{k: views[k] for k in _META_FIELDS})
+        self.error_flag: torch.Tensor = views["error_flag"]
 
         # Host staging. On CUDA: a ring of pinned buffers used in turn, each guarded by an event,
         # so a non_blocking copy still in flight is never overwritten. Reusing a buffer waits for
@@ -149,7 +160,22 @@ class GDNPlanner:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every persistent tensor a captured graph may read (for GraphManager's data_ptr guard)."""
-        return [self.decode_read, self.decode_write, *self.prefill.tensors()]
+        return [self.decode_read, self.decode_write, *self.prefill.tensors(), self.error_flag]
+
+    def read_errors(self) -> int:
+        """The error codes the kernels met since the last plan() (0: none), OR-ed together:
+        gdn_graphs.ops.common's ERR_SLOT (a slot outside the pool, treated as NO_SLOT),
+        ERR_TOKENS (token metadata beyond the tensors, clipped), ERR_META (chunk or checkpoint
+        tables inconsistent, skipped); ``error_names(code)`` says them in words. SYNCHRONISES
+        with the device (it reads a device value): call it after a step, outside any captured
+        region, where an engine can afford a sync (e.g. when it reads the sampled tokens). A step
+        planned by this planner whose slots passed plan()'s checks sets no code."""
+        return int(self.error_flag.item())
+
+    @staticmethod
+    def error_names(code: int) -> list[str]:
+        """The causes an error code holds, in words (empty for 0)."""
+        return error_names(code)
 
     def plan(self, num_computed: Sequence[int], num_scheduled: Sequence[int],
              block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None) -> GDNStep:
@@ -163,20 +189,21 @@ class GDNPlanner:
         many decode rows.
         Raises ValueError, naming the row, before touching any buffer.
         """
-        with nvtx.range("gdn.plan"):
+        with nvtx.range("gdn.plan", len(num_scheduled)):
             host, meta_lists = self._build(num_computed, num_scheduled, block_tables, pad_decodes_to)
             self._commit(host, meta_lists)
             self.last_step = GDNStep(num_decodes=host.padded_decodes,
                                      num_prefill_tokens=host.num_prefill_tokens,
                                      decode_read=self.decode_read, decode_write=self.decode_write,
-                                     prefill=self.prefill, host=host)
+                                     prefill=self.prefill, host=host, error_flag=self.error_flag)
             return self.last_step
 
     def template(self, num_decodes: int) -> GDNStep:
         """A step of ``num_decodes`` decode rows over the persistent buffers, whatever they hold:
         what a decode graph is captured with (each replay follows a plan padded to that size)."""
         return GDNStep(num_decodes=num_decodes, num_prefill_tokens=0, decode_read=self.decode_read,
-                       decode_write=self.decode_write, prefill=self.prefill)
+                       decode_write=self.decode_write, prefill=self.prefill,
+                       error_flag=self.error_flag)
 
     # ------------------------------------------------------------------ host side, no buffer touched
 
@@ -191,15 +218,23 @@ class GDNPlanner:
             reads.append(r)
             writes.append(w)
             ckpts.append(ck)
-        self._check_conflicts(ns, reads, writes, ckpts)
+        B = L.block_size
+
+        def entry(i: int, kind: str, e: int) -> str:  # the table entry a slot came from
+            n = ns[i]
+            blocks = {"read": read_block(n, B), "write": write_block(n, qs[i], B)}
+            return f"block table entry {blocks.get(kind, n // B + e)}"
+
+        check_step_slots(reads, writes, ckpts, L.num_slots, where=entry)
         padded = self._padded_decodes(pad_decodes_to, d, rows, qs)
 
         meta_lists = None
         num_chunks = num_ckpts = 0
-        if d < rows:
+        if d < rows:  # (the slots of every row were checked above)
             meta_lists = host_chunk_meta(qs[d:], ns[d:], reads[d:], writes[d:], ckpts[d:],
                                          L.block_size, max_seqs=L.max_seqs,
-                                         max_chunks=L.max_chunks, max_ckpts=L.max_ckpts)
+                                         max_chunks=L.max_chunks, max_ckpts=L.max_ckpts,
+                                         check_slots=False)
             num_ckpts = sum(len(c) for c in ckpts[d:])
             num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[d:], qs[d:]))
         total = sum(qs)
@@ -234,8 +269,8 @@ class GDNPlanner:
         return ns, qs, tables
 
     def _row_slots(self, i: int, n: int, q: int, row) -> tuple[int, int, list[int]]:
-        """Row i's read slot, write slot and checkpoint slots (step.py's block arithmetic), with
-        the table entries it uses range-checked."""
+        """Row i's read slot, write slot and checkpoint slots (step.py's block arithmetic), from
+        the table entries it uses, which must be ints (check_step_slots checks their range)."""
         L = self.limits
         B = L.block_size
         width = len(row)
@@ -253,10 +288,7 @@ class GDNPlanner:
             if type(s) is not int:
                 if not _is_int(s):
                     raise ValueError(f"row {i}: block table entry {lo + j} is not an int: {s!r}")
-                used[j] = s = int(s)
-            if s < NO_SLOT or s >= L.num_slots:
-                raise ValueError(f"row {i}: block table entry {lo + j} = {s} is outside "
-                                 f"[{NO_SLOT}, {L.num_slots})")
+                used[j] = int(s)
         w = used[-1]
         if w == NO_SLOT:
             raise ValueError(f"row {i}: write slot table[{last}] is {NO_SLOT}")
@@ -285,28 +317,6 @@ class GDNPlanner:
                              f"max_seqs={self.limits.max_seqs}")
         return pad_decodes_to
 
-    @staticmethod
-    def _check_conflicts(ns, reads, writes, ckpts) -> None:
-        """No slot is written twice in one step, and no row writes a slot another row reads
-        (that would corrupt the other request's starting state). A row may read and write its
-        own slot (decode in place; first checkpoint in the block it resumes from)."""
-        writer: dict[int, int] = {}
-        for i, (w, ck) in enumerate(zip(writes, ckpts)):
-            for s in (w, *ck):
-                if s == NO_SLOT:
-                    continue
-                j = writer.get(s)
-                if j == i:
-                    raise ValueError(f"row {i}: writes slot {s} twice in one step")
-                if j is not None:
-                    raise ValueError(f"row {i}: writes slot {s}, which row {j} also writes")
-                writer[s] = i
-        for i, (n, r) in enumerate(zip(ns, reads)):
-            if n > 0:
-                j = writer.get(r, i)
-                if j != i:
-                    raise ValueError(f"row {i}: reads slot {r}, which row {j} writes in the same step")
-
     # ------------------------------------------------------------------ device side
 
     def _commit(self, step: StepPlan, meta_lists: dict[str, list[int]] | None) -> None:
@@ -326,6 +336,7 @@ class GDNPlanner:
         for name in _META_FIELDS:
             o, size = self._spans[name]
             st[o:o + size] = src[name]
+        st[self._spans["error_flag"][0]] = 0  # each plan starts with no error
         with nvtx.range("gdn.plan.copy"):
             self.flat.copy_(self._staging[k], non_blocking=self._non_blocking)
             if self._non_blocking:

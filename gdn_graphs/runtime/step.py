@@ -90,7 +90,9 @@ class GDNStep:
     The tensors are persistent int32 views (allocated once by the planner or a vLLM slot set), so a
     CUDA graph captured with one step replays correctly after any later plan into the same buffers.
     ``num_decodes`` and ``num_prefill_tokens`` are host ints: they shape the launches, so a graph
-    is captured per value (the decode bucket) and the piecewise path reads them per step.
+    is captured per value (the decode bucket) and the piecewise path reads them per step. The
+    kernels never touch memory outside their tensors whatever the buffers hold; what they had to
+    repair (a slot outside the pool, spans past the tokens) lands in ``error_flag``.
     """
 
     num_decodes: int              # decode rows to launch (the bucket size in a padded decode)
@@ -99,6 +101,10 @@ class GDNStep:
     decode_write: torch.Tensor    # [>= num_decodes] write slot of decode row i (NO_SLOT: none)
     prefill: ChunkMeta            # the prefill rows; launched only when num_prefill_tokens > 0
     host: Optional[StepPlan] = None  # what plan() validated (None for a capture-time template)
+    # int32 [>= 1] persistent device flag every kernel of the step ORs its error codes into
+    # (gdn_graphs.ops.common: ERR_SLOT, ERR_TOKENS, ERR_META); None: nothing is reported. The
+    # planner owns it, zeroes it in each plan() and reads it back (GDNPlanner.read_errors).
+    error_flag: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:

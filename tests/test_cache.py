@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from gdn_graphs.engine.prefix_cache import (ROOT_HASH, OutOfSlots, PrefixCache, StatePool, block_hashes,
-                              hash_block)
+from gdn_graphs.engine import prefix_cache
+from gdn_graphs.engine.prefix_cache import (ROOT_HASH, OutOfSlots, PrefixCache, StatePool,
+                                            UnknownRequest, block_hashes, hash_block)
 
 B = 64
 
@@ -178,11 +179,64 @@ def test_twins_computed_concurrently():
     assert c.num_cached_blocks == 2 and c.num_available == 16
 
 
-def test_random_lifecycles_do_not_leak():
+# hash functions for the collision tests: every block collides, or half of them do
+COLLIDING = {"real": None, "constant": lambda parent, tokens: 7,
+             "two values": lambda parent, tokens: int(tokens[0]) % 2}
+
+
+@pytest.fixture(params=list(COLLIDING))
+def hash_fn(request, monkeypatch):
+    if COLLIDING[request.param] is not None:
+        monkeypatch.setattr(prefix_cache, "hash_block", COLLIDING[request.param])
+    return request.param
+
+
+def test_collision_is_a_miss(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "hash_block", COLLIDING["constant"])
+    c = PrefixCache(16, B)
+    pa = toks(2 * B + 10, 1)
+    _, ta = run_request(c, "a", pa, finish=False)
+    assert c.num_cached_blocks == 1, "every block of a hashes alike: only its first is cached"
+    pb = toks(2 * B + 10, 2)                          # other tokens, same (constant) hashes
+    assert c.lookup(pb) == 0
+    hit, tb = run_request(c, "b", pb, finish=False)
+    assert hit == 0 and not set(tb) & set(ta), "b got one of a's slots"
+    assert c.stats.hit_tokens == 0
+    c.free("a"), c.free("b")
+    c.check_invariants()
+
+
+def test_collision_of_equal_blocks_at_two_positions(monkeypatch):
+    # block 1 has block 0's tokens and (forced) its hash: only the parent tells them apart
+    monkeypatch.setattr(prefix_cache, "hash_block", COLLIDING["constant"])
+    c = PrefixCache(16, B)
+    x = toks(B, 3)
+    hit, t = run_request(c, "x", x + x + [1])
+    assert c.lookup(x + x + [5]) == B, "the state after x is not the state after x + x"
+    hit, t2 = run_request(c, "y", x + x + [5])
+    assert hit == B and t2[0] == t[0]
+
+
+def test_collision_with_an_unused_block_replaces_it(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "hash_block", COLLIDING["constant"])
+    c = PrefixCache(8, B)
+    pa, pb = toks(B + 1, 1), toks(B + 1, 2)
+    run_request(c, "a", pa)                           # a0 cached, unused
+    hit, tb = run_request(c, "b", pb)                 # b0 collides with a0: the newer one stays
+    assert hit == 0 and c.stats.evictions == 1
+    assert c.lookup(pa) == 0 and c.lookup(pb) == B
+    hit, tb2 = run_request(c, "b2", pb)
+    assert hit == B and tb2[0] == tb[0], "b's own state, not a's"
+
+
+def test_random_lifecycles_do_not_leak(hash_fn):
+    """Random admissions, progress and frees. Every hit block's slot holds the state of the
+    prompt's own prefix (checked against what each slot was last computed for), whatever the
+    hash function: real, constant or two-valued."""
     rng = random.Random(0)
     c = PrefixCache(24, B)
     prefixes = [toks(rng.randrange(1, 4) * B, s) for s in range(4)]
-    live = {}
+    live, content = {}, {}                          # content: slot -> the tokens its state is of
     for it in range(600):
         op = rng.random()
         if op < 0.5 or not live:
@@ -198,15 +252,20 @@ def test_random_lifecycles_do_not_leak():
             assert hit % B == 0 and hit < len(prompt)
             table = c.block_table(it)
             assert len(table) == -(-total // B)
+            for b in range(hit // B):
+                assert content[table[b]] == tuple(prompt[:(b + 1) * B]), "another prompt's state"
             live[it] = [prompt, hit, total]
         else:
             rid = rng.choice(list(live))
             prompt, n, total = live[rid]
             if rng.random() < 0.6 and n < total:        # progress
-                n = min(total, n + rng.randrange(1, 3 * B))
-                tokens = prompt + toks(max(0, n - len(prompt)), rid)
-                c.commit(rid, tokens, n)
-                live[rid][1] = n
+                n2 = min(total, n + rng.randrange(1, 3 * B))
+                tokens = prompt + toks(max(0, n2 - len(prompt)), rid)
+                table = c.block_table(rid)
+                for b in range(n // B, n2 // B):         # the blocks this step completed
+                    content[table[b]] = tuple(tokens[:(b + 1) * B])
+                c.commit(rid, tokens, n2)
+                live[rid][1] = n2
             else:                                       # finish or abort
                 c.free(rid)
                 del live[rid]
@@ -218,3 +277,29 @@ def test_random_lifecycles_do_not_leak():
     # the cache never hands one slot to two live requests' written blocks (checked above);
     # and after everything is freed, every slot is free or cached-evictable
     assert c.pool.num_free + c.num_cached_blocks == 24
+    assert c.stats.hit_tokens > 0, "the prompts share prefixes: some must hit"
+
+
+def test_misuse_names_the_request_and_changes_nothing():
+    c = PrefixCache(8, B)
+    p = toks(2 * B + 5)
+    c.allocate("a", p, 3 * B)
+    c.commit("a", p, B)
+    for call in (lambda: c.free("nope"), lambda: c.block_table("nope"),
+                 lambda: c.commit("nope", p, B)):
+        with pytest.raises(UnknownRequest, match="'nope'"):
+            call()
+    with pytest.raises(ValueError, match=r"'a'.*tokens_total=192"):
+        c.commit("a", p + toks(2 * B), 4 * B)         # past the request's tokens
+    with pytest.raises(ValueError, match=r"'a'.*len\(token_ids\)=133"):
+        c.commit("a", p, 2 * B + 6)                   # past the tokens given
+    with pytest.raises(ValueError, match="'a'"):
+        c.commit("a", p, -1)
+    assert c.num_cached_blocks == 1
+    c.check_invariants()
+    c.free("a")
+    with pytest.raises(KeyError, match="'a'.*already freed") as e:  # UnknownRequest is a KeyError
+        c.free("a")
+    assert str(e.value).startswith("request 'a'"), "the message, not its repr"
+    c.check_invariants()
+    assert c.num_available == 8

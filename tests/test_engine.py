@@ -6,10 +6,11 @@ GPU tier (marker ``gpu``): all three modes, FULL-graph replay vs eager, the 36-l
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
-from gdn_graphs.engine.engine import Engine, EngineConfig
+from gdn_graphs.engine import Engine, EngineConfig, Request
 from gdn_graphs.engine.model import HybridGDNModel, preset
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.step import GDNStep
@@ -120,6 +121,130 @@ def test_out_of_slots_is_the_askers_error(tiny):
     with pytest.raises(OutOfSlots):
         eng.add_request(prompt_of(600, 6), 2)    # 10 blocks can never fit in 4 slots
     assert not eng.has_unfinished()
+
+
+@pytest.mark.parametrize("prompt, new, err, match", [
+    ([1, 2, 3.7], 2, TypeError, r"prompt\[2\] must be an int, got float 3.7"),
+    ([1, "5"], 2, TypeError, r"prompt\[1\] must be an int, got str"),
+    ([1, True], 2, TypeError, r"prompt\[1\] must be an int, got bool"),
+    ("abc", 2, TypeError, "prompt must be a sequence of int token ids, got str"),
+    (5, 2, TypeError, "prompt must be a sequence"),
+    ([], 2, ValueError, "empty prompt"),
+    ([1, 256], 2, ValueError, r"prompt\[1\] = 256 is not a token id.*\[0, 256\)"),
+    ([-1, 2], 2, ValueError, r"prompt\[0\] = -1"),
+    ([1, 2], 2.5, TypeError, "max_new_tokens must be an int, got float 2.5"),
+    ([1, 2], "3", TypeError, "max_new_tokens must be an int, got str"),
+    ([1, 2], True, TypeError, "max_new_tokens must be an int, got bool"),
+    ([1, 2], 0, ValueError, "max_new_tokens must be >= 1, got 0"),
+    ([1] * 500, 20, ValueError, "519 tokens .* > max_model_len=512"),
+])
+def test_add_request_refuses_bad_input_at_once(tiny, prompt, new, err, match):
+    eng = engine(tiny)
+    with pytest.raises(err, match=match):
+        eng.add_request(prompt, new)
+    assert not eng.has_unfinished() and not eng.finished
+
+
+def test_add_request_takes_numpy_integers(tiny):
+    eng = engine(tiny)
+    req = eng.add_request(np.array([3, 4, 5], dtype=np.int32), np.int64(2))
+    assert req.prompt == [3, 4, 5] and all(type(t) is int for t in req.prompt)
+    assert type(req.max_new_tokens) is int
+    req2 = eng.add_request([np.int16(7), 8], 1)
+    assert req2.prompt == [7, 8]
+
+
+def test_generate_refusal_queues_nothing(tiny):
+    eng = engine(tiny)
+    with pytest.raises(TypeError, match=r"prompt\[1\]"):
+        eng.generate([[1, 2, 3], [4, 5.0]], 2)
+    assert not eng.has_unfinished() and eng.cache.num_available == eng.cfg.num_slots
+
+
+def test_abort_of_another_engines_request_changes_nothing(tiny):
+    e1, e2 = engine(tiny), engine(tiny)
+    a, b = e1.add_request([1, 2, 3], 2), e2.add_request([1, 2, 3], 2)  # equal fields
+    with pytest.raises(ValueError, match="not queued by this engine"):
+        e1.abort(b)
+    with pytest.raises(ValueError, match="not queued by this engine"):
+        e1.abort(Request(0, [1, 2, 3], 2))
+    assert a.status == b.status == "waiting" and e1.waiting == [a] and e2.waiting == [b]
+    e1.abort(a)
+    e1.abort(a)                                       # aborting a done request is a no-op
+    assert a.status == "aborted" and e1.finished == [a] and e2.waiting == [b]
+
+
+def _fail_once(monkeypatch, obj, name, after: bool):
+    """Make obj.name raise once: before it runs, or after it ran (its kernels wrote the pools)."""
+    real, calls = getattr(obj, name), []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        out = real(*a, **k) if after else None
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        return out if after else real(*a, **k)
+    monkeypatch.setattr(obj, name, flaky)
+
+
+def test_failed_step_fails_its_requests_alone(tiny, monkeypatch):
+    eng = engine(tiny, max_seqs=2, num_slots=12, max_tokens=256)
+    prompts = [prompt_of(n, 60 + i) for i, n in enumerate((70, 20, 25))]
+    failing = [eng.add_request(p, 2) for p in prompts[:2]]
+    queued = eng.add_request(prompts[2], 2)           # max_seqs=2: waits during the fault
+    eng.step()                                        # the two prefills
+    assert all(len(r.output) == 1 for r in failing)
+    # the decode step raises after its kernels updated the two requests' slots in place
+    _fail_once(monkeypatch, eng, "_forward", after=True)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        eng.step()
+    for r in failing:
+        assert r.status == "error" and "injected fault" in r.error and r.rid not in eng.cache
+    eng.cache.check_invariants()
+    assert queued.status == "waiting"
+    later = eng.add_request(prompts[0], 2)            # hits the failed request's committed block
+    while eng.has_unfinished():
+        eng.step()
+    eng.cache.check_invariants()
+    assert eng.cache.num_available == 12 and later.metrics.hit_tokens == 64
+    fresh = engine(tiny).generate([prompts[2], prompts[0]], 2)
+    assert [queued.output, later.output] == [r.output for r in fresh]
+    assert queued.status == later.status == "finished"
+
+
+def test_generate_whose_step_fails_leaves_nothing_behind(tiny, monkeypatch):
+    eng = engine(tiny, max_seqs=1)
+    _fail_once(monkeypatch, eng.planner, "plan", after=False)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        eng.generate([prompt_of(10, 1), prompt_of(12, 2)], 2)
+    assert [r.status for r in eng.finished] == ["error", "aborted"]
+    assert not eng.has_unfinished() and eng.cache.num_available == eng.cfg.num_slots
+    eng.cache.check_invariants()
+
+
+def test_kernel_error_flag_fails_the_step(tiny, monkeypatch):
+    """A slot that got past plan() (here: written into the decode buffer behind its back, as a
+    bug would) is masked by the kernels and reported through the error flag: the step raises and
+    its requests fail alone; no state outside the pool is touched."""
+    eng = engine(tiny, max_seqs=2, num_slots=12)
+    r = eng.add_request(prompt_of(40, 3), 3)
+    eng.step()                                        # prefill
+    real = eng.planner.plan
+
+    def corrupting(*a, **k):
+        step = real(*a, **k)
+        eng.planner.decode_write[0] = 10 ** 6         # outside the pool
+        return step
+    monkeypatch.setattr(eng.planner, "plan", corrupting)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        eng.step()
+    assert r.status == "error" and "error code 1" in r.error
+    eng.cache.check_invariants()
+    monkeypatch.setattr(eng.planner, "plan", real)
+    ok = eng.add_request(prompt_of(40, 4), 2)
+    while eng.has_unfinished():
+        eng.step()
+    assert ok.status == "finished" and ok.output == engine(tiny).generate([prompt_of(40, 4)], 2)[0].output
 
 
 def test_piecewise_engine_no_recompile_per_step(tiny):

@@ -248,8 +248,8 @@ class FakeNvtx:
     def __init__(self):
         self.events = []
 
-    def push(self, name):
-        self.events.append(("push", name))
+    def push(self, name, payload=None):
+        self.events.append(("push", name) if payload is None else ("push", name, payload))
 
     def pop(self):
         self.events.append(("pop",))
@@ -288,10 +288,10 @@ def test_nvtx_ranges_balanced_around_capture_replay_and_plan(fake_nvtx):
         gm.run("decode", 3, Recorder(be))  # above the largest bucket: eager
     p = GDNPlanner(PlanLimits(2, 64, 64, 8, 2))
     p.plan([0], [1], [[1]])
-    names = [e[1] for e in fake_nvtx.events if e[0] == "push"]
-    for want in ("gdn.capture.decode", "gdn.capture.decode.2", "gdn.capture.decode.1",
-                 "gdn.replay.decode.2", "gdn.eager", "gdn.plan", "gdn.plan.copy"):
-        assert want in names
+    pushed = [e[1:] for e in fake_nvtx.events if e[0] == "push"]
+    for want in (("gdn.capture.decode", 2), ("gdn.capture.decode", 1), ("gdn.replay.decode", 2),
+                 ("gdn.eager.decode", 3), ("gdn.plan", 1), ("gdn.plan.copy",)):
+        assert want in pushed, (want, pushed)
     depth = 0
     for e in fake_nvtx.events:
         depth += 1 if e[0] == "push" else -1
@@ -322,16 +322,37 @@ def test_nvtx_prefers_the_nvtx_package(monkeypatch):
     import types
 
     calls = []
-    mod = types.SimpleNamespace(push_range=lambda name: calls.append(name),
-                                pop_range=lambda: calls.append("pop"))
+    mod = types.SimpleNamespace(
+        push_range=lambda name, payload=None: calls.append((name, payload)),
+        pop_range=lambda: calls.append("pop"))
     monkeypatch.setitem(sys.modules, "nvtx", mod)
     nvtx.enable(True)
     try:
-        with nvtx.range("pkg"):
+        with nvtx.range("pkg", 7):
             pass
     finally:
         nvtx.enable(False)
-    assert calls == ["pkg", "pop"]
+    assert calls == [("pkg", 7), "pop"]
+
+
+def test_profiler_ranges_reach_a_torch_profiler_trace():
+    """ProfilerRanges (gdn-graphs profile's backend) puts each range, with its payload, into
+    torch.profiler's events; Tee sends the same ranges to a second backend."""
+    from torch.profiler import profile
+
+    fake = FakeNvtx()
+    nvtx.enable(True, backend=nvtx.Tee(fake, nvtx.ProfilerRanges()))
+    try:
+        with profile() as prof:
+            with nvtx.range("gdn.core", 3):
+                with nvtx.range("gdn.core.decode", 3):
+                    torch.ones(4).sum()
+    finally:
+        nvtx.enable(False)
+    names = [e.name for e in prof.events()]
+    assert "gdn.core" in names and "gdn.core.decode" in names
+    assert fake.events == [("push", "gdn.core", 3), ("push", "gdn.core.decode", 3), ("pop",),
+                           ("pop",)]
 
 
 # ---------------------------------------------------------------- GPU tier

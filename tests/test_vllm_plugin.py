@@ -348,6 +348,37 @@ def test_layers_switched_on_only_when_the_plugin_runs(vllm_dist, extra, caching,
 
 
 @pytest.mark.vllm
+def test_layerwise_nvtx_tracing_switches_our_ranges_on(vllm_dist, monkeypatch):
+    """With vLLM's enable_layerwise_nvtx_tracing our per-layer ranges (gdn.core.*) come on too,
+    so they nest inside vLLM's layer ranges."""
+    import torch.nn as nn
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+
+    from gdn_graphs import nvtx
+    from gdn_graphs.vllm.v0_26.model import switch_on_layers
+
+    events = []
+    fake = types.SimpleNamespace(push=lambda name, payload=None: events.append(name),
+                                 pop=lambda: None)
+    monkeypatch.setattr(nvtx, "_default_backend", lambda: fake)
+    cfg = _engine_config(vllm_dist, enable_prefix_caching=True)
+    cfg.observability_config.enable_layerwise_nvtx_tracing = True
+    with set_current_vllm_config(cfg):
+        layer = QwenGatedDeltaNetAttention(cfg.model_config.hf_text_config, cfg,
+                                           prefix="model.layers.77.linear_attn",
+                                           gqa_interleaved_layout=True)
+    try:
+        assert switch_on_layers(nn.ModuleList([layer]), cfg) == 1
+        assert nvtx.enabled()
+        with nvtx.range("gdn.core", 0):
+            pass
+        assert events == ["gdn.core"]
+    finally:
+        nvtx.enable(False)
+
+
+@pytest.mark.vllm
 @pytest.mark.parametrize("size,ours,theirs", [("tiny", 192, 144), ("full", 576, 544)])
 def test_block_sizes_of_both_layouts(vllm_cpu, tmp_path, size, ours, theirs):
     """With CUDA's default attention block (16) and TRITON_ATTN: the plugin's block is the smallest

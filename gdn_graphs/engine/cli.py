@@ -1,7 +1,10 @@
 """``gdn-graphs``: the demo of prefix caching at every block boundary, and a quick self-check.
 
-    gdn-graphs demo [--json] [--preset tiny|qwen3-next] [--prompt-repeats N] [--modes eager,...]
-    gdn-graphs verify
+    gdn-graphs demo [--json] [--json-out PATH] [--preset tiny|qwen3-next] [--prompt-repeats N]
+                    [--modes eager,...] [--block-size B] [--max-tokens T] [--max-new-tokens N]
+                    [--dtype float32|bfloat16] [--nvtx] [--quiet]
+    gdn-graphs verify [--json]
+    gdn-graphs profile --out DIR [--nvtx-only] [--preset P] [--layers N] [--mode M] ...
 
 The demo's reference scenario: a prompt made of a ~100-token paragraph repeated many times plus a
 tail, generated three times (a warm-up, then two measured runs) with prefix caching on and off, in
@@ -13,6 +16,8 @@ before anything imports triton), the model is the tiny preset, the prompt is sho
 CUDA-graph mode is reported as "n/a (no GPU)". Piecewise mode then runs torch.compile (Inductor,
 C++ on the CPU, graph partition around the GDN core) without CUDA graphs: its first compile takes
 ~35 s on a 2-core machine (a few seconds once Inductor's on-disk cache is warm).
+
+Every argument is checked before anything runs: a bad one is a one-line error (exit status 2).
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ def _setup_env() -> bool:
 
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
+        # triton.jit picks the interpreter when a kernel is defined, so kernels imported before
+        # this point would run as GPU kernels and fail deep inside Triton: say what to do instead.
+        if os.environ.get("TRITON_INTERPRET") != "1" and "gdn_graphs.ops" in sys.modules:
+            sys.exit("gdn-graphs: no CUDA GPU, and the kernels were imported before the Triton "
+                     "interpreter could be selected; run it as TRITON_INTERPRET=1 gdn-graphs ...")
         os.environ.setdefault("TRITON_INTERPRET", "1")
         import triton
 
@@ -49,24 +59,32 @@ def _paragraph(vocab: int, n: int = 100, seed: int = 1234) -> list[int]:
     return [rng.randrange(1, vocab) for _ in range(n)]
 
 
+# Defaults of the demo's knobs with and without a GPU (the CPU runs the Triton interpreter: small).
+_DEFAULTS = {
+    True: dict(preset="qwen3-next", repeats=310, block_size=256, max_tokens=4096,
+               max_new_tokens=32, dtype="float32"),
+    False: dict(preset="tiny", repeats=3, block_size=64, max_tokens=256, max_new_tokens=6,
+                dtype="float32"),
+}
+
+
+def _default(key: str) -> str:
+    """The help text's default of one demo setting."""
+    gpu, cpu = _DEFAULTS[True][key], _DEFAULTS[False][key]
+    return f"default: {gpu}" if gpu == cpu else f"default: {gpu} on a GPU, {cpu} on CPU"
+
+
 def _demo_settings(args, has_gpu: bool) -> dict:
+    """The demo's settings: the arguments given, the machine's defaults for the others (only
+    an argument not given takes its default; the parser has refused 0 and negatives)."""
     import torch
 
-    preset_name = args.preset or ("qwen3-next" if has_gpu else "tiny")
-    if has_gpu:
-        repeats = 310 if args.prompt_repeats is None else args.prompt_repeats
-        block = args.block_size or 256
-        budget = args.max_tokens or 4096
-        new = args.max_new_tokens or 32
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype or "float32"]
-    else:
-        repeats = 3 if args.prompt_repeats is None else args.prompt_repeats
-        block = args.block_size or 64
-        budget = args.max_tokens or 256
-        new = args.max_new_tokens or 6
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype or "float32"]
-    return dict(preset=preset_name, repeats=repeats, block_size=block, max_tokens=budget,
-                max_new_tokens=new, dtype=dtype)
+    given = dict(preset=args.preset, repeats=args.prompt_repeats, block_size=args.block_size,
+                 max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens, dtype=args.dtype)
+    s = dict(_DEFAULTS[has_gpu])
+    s.update({k: v for k, v in given.items() if v is not None})
+    s["dtype"] = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
+    return s
 
 
 def _row(mode, caching, scenario, run, req) -> dict:
@@ -81,7 +99,7 @@ def run_demo(args) -> dict:
     import torch
 
     from gdn_graphs import nvtx
-    from gdn_graphs.engine.engine import MODES, Engine, EngineConfig, mode_available
+    from gdn_graphs.engine import MODES, Engine, EngineConfig, mode_available
     from gdn_graphs.engine.model import HybridGDNModel, preset
 
     if args.nvtx:
@@ -109,7 +127,7 @@ def run_demo(args) -> dict:
     log(f"[demo] prompt {len(prompt)} tokens ({s['repeats']} x {len(para)} + {len(tail)}), "
         f"{num_slots} state slots x {model.pool_bytes_per_slot() / 2**20:.1f} MiB")
 
-    modes = [m.strip() for m in (args.modes or ",".join(MODES)).split(",") if m.strip()]
+    modes = args.modes or list(MODES)  # the parser checked the modes given
     status, rows = {}, []
     for mode in modes:
         ok, why = mode_available(mode, device)
@@ -237,28 +255,103 @@ def run_verify(args) -> dict:
 
 # ---------------------------------------------------------------------------------------- main
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gdn-graphs", description=__doc__.split("\n")[0])
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line on stderr (exit status 2), not the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_arg(low: int = 1, multiple: int = 1):
+    """An argparse ``type``: an integer >= ``low`` and a multiple of ``multiple``."""
+    what = f"a multiple of {multiple} >= {max(low, multiple)}" if multiple > 1 else \
+        f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if v < low or v % multiple:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+        return v
+    return parse
+
+
+def _check_modes(demo: argparse.ArgumentParser, text: str, has_gpu: bool) -> list[str]:
+    """The modes of ``--modes`` (comma-separated), or a one-line error for an unknown mode or for
+    full without a GPU. Called after _setup_env: the engine module imports triton."""
+    from gdn_graphs.engine.request import MODES
+
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not modes or any(m not in MODES for m in modes):
+        demo.error(f"argument --modes: expected a comma-separated subset of {','.join(MODES)}, "
+                   f"got {text!r}")
+    if "full" in modes and not has_gpu:
+        demo.error("argument --modes: full needs a CUDA GPU and none is available")
+    return modes
+
+
+def _out_path(text: str) -> str:
+    """An argparse ``type``: a file path whose folder exists (checked before a long demo runs)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not text or not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"no folder {folder!r} to write {text!r} into")
+    return text
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line, and its demo subcommand (for errors found after parsing)."""
+    from gdn_graphs.constants import CHUNK
+
+    p = _Parser(prog="gdn-graphs", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="prefix caching demo: hits, TTFT, decode speed, identical tokens")
     d.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    d.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON to PATH")
+    d.add_argument("--json-out", type=_out_path, default=None, metavar="PATH",
+                   help="also write the JSON to PATH")
     d.add_argument("--preset", choices=["tiny", "qwen3-next"], default=None,
-                   help="model preset (default: qwen3-next on a GPU, tiny on CPU)")
-    d.add_argument("--prompt-repeats", type=int, default=None,
-                   help="repeats of the ~100-token paragraph (default: 310 on a GPU, 3 on CPU)")
-    d.add_argument("--modes", default=None, help="comma-separated subset of eager,piecewise,full")
-    d.add_argument("--block-size", type=int, default=None)
-    d.add_argument("--max-tokens", type=int, default=None, help="token budget per step")
-    d.add_argument("--max-new-tokens", type=int, default=None)
-    d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+                   help=f"model preset ({_default('preset')})")
+    d.add_argument("--prompt-repeats", type=_int_arg(1), default=None, metavar="N",
+                   help=f"repeats of the ~100-token paragraph ({_default('repeats')})")
+    d.add_argument("--modes", default=None,
+                   help="comma-separated subset of eager,piecewise,full (full needs a CUDA GPU; "
+                        "default: every mode, those unavailable reported as such)")
+    d.add_argument("--block-size", type=_int_arg(CHUNK, CHUNK), default=None, metavar="B",
+                   help=f"prefix-cache block, a multiple of {CHUNK} ({_default('block_size')})")
+    d.add_argument("--max-tokens", type=_int_arg(CHUNK, CHUNK), default=None, metavar="T",
+                   help=f"token budget per step, a multiple of {CHUNK} ({_default('max_tokens')})")
+    d.add_argument("--max-new-tokens", type=_int_arg(1), default=None, metavar="N",
+                   help=f"tokens generated per request ({_default('max_new_tokens')})")
+    d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help=f"model dtype ({_default('dtype')})")
     d.add_argument("--nvtx", action="store_true", help="emit NVTX ranges (for nsys)")
     d.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     v = sub.add_parser("verify", help="quick kernels-vs-reference self-check")
     v.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    from gdn_graphs.engine import profile
 
+    pr = sub.add_parser("profile", help="where a step's time goes: trace, tables, plots (NVTX "
+                                        "ranges under torch.profiler, or for Nsight)")
+    profile.add_arguments(pr, _int_arg(1), _int_arg(CHUNK, CHUNK))
+    return p, d
+
+
+def main(argv=None) -> int:
+    p, d = _parser()
+    args = p.parse_args(argv)
+    has_gpu = _setup_env()
+    if args.cmd == "profile":
+        from gdn_graphs.engine.profile import run_profile
+
+        if args.mode == "full" and not has_gpu:
+            p.exit(2, "gdn-graphs profile: error: argument --mode: full needs a CUDA GPU and none "
+                      "is available\n")
+        run_profile(args)
+        return 0
     if args.cmd == "demo":
+        if args.modes is not None:
+            args.modes = _check_modes(d, args.modes, has_gpu)
         res = run_demo(args)
         if args.json_out:
             with open(args.json_out, "w") as f:

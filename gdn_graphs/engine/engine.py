@@ -36,7 +36,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
@@ -45,101 +44,13 @@ from gdn_graphs import nvtx
 from gdn_graphs.engine.prefix_cache import OutOfSlots, PrefixCache
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.engine.model import HybridGDNModel
-from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.engine.request import EngineConfig, Request, as_int, mode_available, token_ids
+from gdn_graphs.ops.workspace import ChunkWorkspace
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from gdn_graphs.runtime.step import count_decode_rows
 
-__all__ = ["EngineConfig", "Request", "Engine", "RequestMetrics", "MODES", "mode_available",
-           "OutOfSlots"]
-
-MODES = ("eager", "piecewise", "full")
-
-
-def mode_available(mode: str, device) -> tuple[bool, str]:
-    """(available, why not). ``full`` needs CUDA; eager and piecewise run anywhere."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-    if mode == "full" and torch.device(device).type != "cuda":
-        return False, "n/a (no GPU)"
-    return True, ""
-
-
-@dataclass
-class EngineConfig:
-    mode: str = "eager"
-    enable_prefix_caching: bool = True
-    block_size: int = 64
-    num_slots: int = 64
-    max_seqs: int = 8               # rows per step
-    max_tokens: int = 256           # token budget per step (a multiple of 64)
-    max_model_len: int = 4096       # prompt + generated tokens of one request
-    decode_buckets: tuple[int, ...] = (1, 2, 4, 8)     # full mode: captured batch sizes
-    token_buckets: tuple[int, ...] | None = None       # piecewise padding (default: powers of 2)
-    compile_mode: str | None = None  # torch.compile mode; None: "reduce-overhead" on CUDA
-    compile_backend: str = "inductor"  # "aot_eager" in CPU tests (no C++ compile)
-    debug_record: bool = False      # keep every GDN core output per request (tests)
-    debug_ptrs: bool = False        # GraphManager's data_ptr guard
-    progress: bool = True           # tqdm bars while capturing graphs
-    graph_backend: object = None    # GraphManager backend (tests: a CPU stand-in for CUDA graphs)
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose from {MODES}")
-        if self.block_size % CHUNK:
-            raise ValueError(f"block_size must be a multiple of {CHUNK}, got {self.block_size}")
-        if self.max_tokens % CHUNK or self.max_tokens < CHUNK:
-            raise ValueError(f"max_tokens must be a positive multiple of {CHUNK} (prefill steps end "
-                             f"on chunk boundaries), got {self.max_tokens}")
-        if self.max_seqs < 1 or self.num_slots < 1:
-            raise ValueError("max_seqs and num_slots must be >= 1")
-
-
-@dataclass
-class RequestMetrics:
-    queried_tokens: int = 0       # prompt tokens looked up in the prefix cache
-    hit_tokens: int = 0           # of those, served from cached states
-    ttft_s: float = float("nan")  # time to first token (from add_request)
-    decode_tok_s: float = float("nan")  # generated tokens after the first / their time
-    num_steps: int = 0
-
-
-@dataclass
-class Request:
-    rid: int
-    prompt: list[int]
-    max_new_tokens: int
-    output: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    status: str = "waiting"       # waiting | running | finished | aborted | error
-    error: str | None = None
-    t_arrival: float = 0.0
-    t_first: float | None = None
-    t_last: float | None = None
-    metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    # debug_record: (start position, [per layer: core output rows for this step's tokens])
-    core_trace: list = field(default_factory=list)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def tokens_total(self) -> int:
-        """Tokens this request can ever compute (the last sampled one is never fed back)."""
-        return len(self.prompt) + self.max_new_tokens - 1
-
-    @property
-    def done(self) -> bool:
-        return self.status in ("finished", "aborted", "error")
-
-    def core_outputs(self, layer: int) -> dict[int, torch.Tensor]:
-        """debug_record: {absolute position: core output [HV, V]} of one layer."""
-        out = {}
-        for start, per_layer in self.core_trace:
-            for j, row in enumerate(per_layer[layer]):
-                out[start + j] = row
-        return out
+__all__ = ["Engine", "OutOfSlots"]
 
 
 class Engine:
@@ -172,6 +83,9 @@ class Engine:
         self.step_count = 0
         self._compiled = None
         self._graphs = None
+        # the kernels' error flag, read along with the sampled tokens (pinned: async copy)
+        self._errors_host = torch.zeros(1, dtype=torch.int32,
+                                        pin_memory=self.device.type == "cuda")
         # full mode: persistent input ids of a decode graph
         self._ids_buf = torch.zeros(cfg.max_seqs, dtype=torch.long, device=self.device)
         if cfg.mode in ("piecewise", "full"):
@@ -247,44 +161,62 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def add_request(self, prompt: Sequence[int], max_new_tokens: int) -> Request:
-        """Queue a request. Raises ValueError / OutOfSlots at once if it can never run."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("empty prompt")
+        """Queue a request. Raises TypeError (not an int: bools, floats and strings are refused,
+        numpy integers are fine), ValueError (out of range, too long) or OutOfSlots at once if it
+        can never run; nothing is queued then."""
+        prompt = token_ids(prompt, self.model.cfg.vocab_size)
+        max_new_tokens = as_int("max_new_tokens", max_new_tokens)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        vocab = self.model.cfg.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"token ids must be in [0, {vocab})")
-        req = Request(next(self._ids), prompt, max_new_tokens, t_arrival=time.perf_counter())
-        if req.tokens_total > self.cfg.max_model_len:
-            raise ValueError(f"request needs {req.tokens_total} tokens > max_model_len="
-                             f"{self.cfg.max_model_len}")
-        need = self.cache.blocks_needed(req.tokens_total) if self.cfg.enable_prefix_caching else 1
+        total = len(prompt) + max_new_tokens - 1  # Request.tokens_total
+        if total > self.cfg.max_model_len:
+            raise ValueError(f"request needs {total} tokens ({len(prompt)} prompt + "
+                             f"{max_new_tokens} new - 1) > max_model_len={self.cfg.max_model_len}")
+        need = self.cache.blocks_needed(total) if self.cfg.enable_prefix_caching else 1
         if need > self.cfg.num_slots:
             raise OutOfSlots(f"request needs {need} state slots, the pool has {self.cfg.num_slots}")
+        req = Request(next(self._ids), prompt, max_new_tokens, t_arrival=time.perf_counter(),
+                      owner=self)
         self.waiting.append(req)
         return req
 
     def abort(self, req: Request) -> None:
-        if req.done:
-            return
+        """Stop a request of this engine and free its slots (nothing happens if it is done).
+        Raises ValueError, changing nothing, for a request another engine queued."""
+        if req.owner is not self:
+            raise ValueError(f"request {req.rid} was not queued by this engine: abort it on the "
+                             f"engine whose add_request returned it")
+        if not req.done:
+            self._retire(req, "aborted")
+
+    def _retire(self, req: Request, status: str, error: str | None = None) -> None:
+        """Take a request out of the queues, free its slots, mark it done."""
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:
             self.running.remove(req)
         if req.rid in self.cache:
             self.cache.free(req.rid)
-        req.status = "aborted"
+        req.status, req.error = status, error
         self.finished.append(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def generate(self, prompts: Iterable[Sequence[int]], max_new_tokens: int) -> list[Request]:
-        reqs = [self.add_request(p, max_new_tokens) for p in prompts]
-        while self.has_unfinished():
-            self.step()
+        """Run ``prompts`` (and whatever else is queued) to completion. All or nothing: if a
+        prompt is refused or a step raises, this call's requests still unfinished are aborted
+        (those of the failed step end with status "error") and the exception propagates."""
+        reqs: list[Request] = []
+        try:
+            for p in prompts:
+                reqs.append(self.add_request(p, max_new_tokens))
+            while self.has_unfinished():
+                self.step()
+        except BaseException:
+            for r in reqs:
+                self.abort(r)
+            raise
         return reqs
 
     # ------------------------------------------------------------------ scheduling
@@ -296,9 +228,7 @@ class Engine:
                 hit = self.cache.allocate(req.rid, req.prompt, req.tokens_total)
             except OutOfSlots:
                 if not self.running:  # nothing will free slots for it: fail this request only
-                    self.waiting.pop(0)
-                    req.status, req.error = "error", "out of state slots"
-                    self.finished.append(req)
+                    self._retire(req, "error", "out of state slots")
                     continue
                 return  # wait until running requests free their slots
             self.waiting.pop(0)
@@ -340,50 +270,83 @@ class Engine:
 
     @torch.no_grad()
     def step(self) -> list[Request]:
-        """Run one engine step; returns the requests that finished in it."""
+        """Run one engine step; returns the requests that finished in it.
+
+        If the step raises (planner, forward, sampling), its requests end with status "error"
+        (``error`` says why) and their slots go back to the cache: the kernels may already have
+        updated their states in place, so the step could not be repeated. The exception is then
+        re-raised, so a bug or a device fault is never silent; the engine stays consistent and
+        the next ``step()`` serves every other request as if the failed ones had been aborted."""
+        # One frame from here to _forward, on purpose: without a GPU the kernels run in Triton's
+        # interpreter, whose speed under CPython 3.11 depends on the call depth (a frame-stack
+        # chunk can be mapped and unmapped on every call at a chunk boundary); on the CPU tests
+        # two more frames here cost 3x the page faults and ~35% more time.
         with nvtx.range("engine.step"):
             self._admit()
             rows = self._schedule()
             if not rows:
                 return []
-            with nvtx.range("engine.plan"):
-                ns = [r.num_computed for r, _ in rows]
-                qs = [q for _, q in rows]
-                tables = [self.cache.block_table(r.rid) for r, _ in rows]
-                nd = count_decode_rows(qs)
-                pure_decode = nd == len(rows)
-                use_graph = self.cfg.mode == "full" and pure_decode
-                pad = self._graphs.padded_size("decode", nd) if use_graph else None
-                gdn_step = self.planner.plan(ns, qs, tables, pad_decodes_to=pad)
-                ids = []
-                for r, q in rows:
-                    ids.extend(r.tokens[r.num_computed:r.num_computed + q])
-                # sample at decode rows and at prefill spans that finish their prompt
-                sample_rows, offs, off = [], [], 0
-                for i, (r, q) in enumerate(rows):
-                    offs.append(off)
-                    off += q
-                    if r.num_computed + q >= len(r.prompt):
-                        sample_rows.append((i, off - 1))
-            with nvtx.range(f"engine.forward.{'graph' if use_graph else self.cfg.mode}"):
-                if use_graph:
-                    next_tok = self._forward_full(ids, nd)
-                    toks = next_tok[: len(rows)].tolist()
-                    sampled = {i: toks[i] for i, _ in sample_rows}
-                else:
-                    record = {} if self.cfg.debug_record else None
-                    hidden = self._forward(ids, gdn_step, record)
-                    sampled = {}
-                    if sample_rows:
-                        idx = torch.tensor([t for _, t in sample_rows], device=self.device)
-                        toks = self.model.logits(hidden[idx]).argmax(-1).tolist()
-                        sampled = {i: t for (i, _), t in zip(sample_rows, toks)}
-                    if record is not None:
-                        for i, (r, q) in enumerate(rows):
-                            per_layer = [record[l][0][offs[i]:offs[i] + q]
-                                         for l in range(self.model.cfg.num_layers)]
-                            r.core_trace.append((r.num_computed, per_layer))
-            return self._update(rows, sampled)
+            try:
+                with nvtx.range("engine.plan"):
+                    ns = [r.num_computed for r, _ in rows]
+                    qs = [q for _, q in rows]
+                    tables = [self.cache.block_table(r.rid) for r, _ in rows]
+                    nd = count_decode_rows(qs)
+                    use_graph = self.cfg.mode == "full" and nd == len(rows)  # pure decode
+                    pad = self._graphs.padded_size("decode", nd) if use_graph else None
+                    gdn_step = self.planner.plan(ns, qs, tables, pad_decodes_to=pad)
+                    ids = []
+                    for r, q in rows:
+                        ids.extend(r.tokens[r.num_computed:r.num_computed + q])
+                    # sample at decode rows and at prefill spans that finish their prompt
+                    sample_rows, offs, off = [], [], 0
+                    for i, (r, q) in enumerate(rows):
+                        offs.append(off)
+                        off += q
+                        if r.num_computed + q >= len(r.prompt):
+                            sample_rows.append((i, off - 1))
+                with nvtx.range(f"engine.forward.{'graph' if use_graph else self.cfg.mode}"):
+                    if use_graph:
+                        next_tok = self._forward_full(ids, nd)
+                        self._copy_errors()
+                        toks = next_tok[: len(rows)].tolist()
+                        sampled = {i: toks[i] for i, _ in sample_rows}
+                    else:
+                        record = {} if self.cfg.debug_record else None
+                        hidden = self._forward(ids, gdn_step, record)
+                        self._copy_errors()
+                        sampled = {}
+                        if sample_rows:
+                            idx = torch.tensor([t for _, t in sample_rows], device=self.device)
+                            toks = self.model.logits(hidden[idx]).argmax(-1).tolist()
+                            sampled = {i: t for (i, _), t in zip(sample_rows, toks)}
+                        if record is not None:
+                            for i, (r, q) in enumerate(rows):
+                                per_layer = [record[l][0][offs[i]:offs[i] + q]
+                                             for l in range(self.model.cfg.num_layers)]
+                                r.core_trace.append((r.num_computed, per_layer))
+                    self._check_errors(synced=bool(sample_rows))
+                return self._update(rows, sampled)
+            except Exception as e:
+                for r, _ in rows:
+                    if not r.done:
+                        self._retire(r, "error", f"{type(e).__name__}: {e}")
+                raise
+
+    def _copy_errors(self) -> None:
+        """Enqueue the step's kernel error flag to pinned host memory; the sync that reads the
+        sampled tokens then brings it along (no sync of its own)."""
+        self._errors_host.copy_(self.planner.error_flag, non_blocking=self.device.type == "cuda")
+
+    def _check_errors(self, synced: bool) -> None:
+        """Raise if a kernel met something plan() should have refused (a bug, never bad input:
+        add_request and plan() validate it); the step's requests then fail alone."""
+        if not synced and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # a prefill-only step
+        code = int(self._errors_host[0])
+        if code:
+            raise RuntimeError(f"GDN kernels reported {', '.join(self.planner.error_names(code))} "
+                               f"(error code {code}) in step {self.step_count}")
 
     def _forward(self, ids: list[int], step, record) -> torch.Tensor:
         T = len(ids)
@@ -419,10 +382,7 @@ class Engine:
                 r.t_last = now
             self.cache.commit(r.rid, r.tokens, r.num_computed)
             if len(r.output) >= r.max_new_tokens:
-                r.status = "finished"
-                self.running.remove(r)
-                self.cache.free(r.rid)
-                self.finished.append(r)
+                self._retire(r, "finished")
                 m = r.metrics
                 m.ttft_s = r.t_first - r.t_arrival
                 if len(r.output) > 1 and r.t_last > r.t_first:

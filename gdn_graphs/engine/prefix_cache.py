@@ -10,7 +10,12 @@ Kernels see only slot numbers. This module decides them, on the host, per reques
   chained hash: hash(parent hash, token ids of the block), so an equal block at a different prefix
   gets a different hash. A block whose end the request's computed tokens have passed is
   *committed*: registered under its hash, never written again by its request, and readable by
-  any later request whose tokens hash the same.
+  any later request with the same tokens.
+
+A 64-bit hash collides (by chance, or on purpose: token ids are user input), so the hash only
+finds a candidate. A cached block keeps its token ids and its parent (the cached block before it)
+and a lookup takes it only if both are the ones the prompt has, so every hit holds exactly the
+state of the prompt's own prefix; a collision is a miss. That costs B ints per cached block.
 
 Lifetime of a slot with caching on: fresh (owned by one request, uncached) -> committed (cached,
 ref count = requests using it) -> ref count 0: kept, evictable, in LRU order -> evicted when a
@@ -23,6 +28,8 @@ planner drops checkpoints equal to the write slot, so the kernels keep only the 
 
 Errors: running out of slots raises ``OutOfSlots`` for the request that asked, *before* anything is
 changed (counts are checked first, then mutations happen), so other requests are never affected.
+Misuse (an unknown or already freed request id, a commit past the request's tokens) raises
+``UnknownRequest`` (a KeyError) or ValueError naming the request, and changes nothing.
 """
 
 from __future__ import annotations
@@ -51,12 +58,25 @@ class OutOfSlots(RuntimeError):
     """The pool cannot give a request the slots it asked for. Nothing was changed."""
 
 
+class UnknownRequest(KeyError):
+    """The cache holds no blocks for this request id (never allocated, or already freed)."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, as a repr
+        return str(self.args[0]) if self.args else ""
+
+
 def hash_block(parent: int, token_ids: Sequence[int]) -> int:
     """Chained hash of one full block: depends on the parent's hash and the block's token ids."""
     buf = np.empty(len(token_ids) + 1, dtype=np.uint64)
     buf[0] = parent
     buf[1:] = np.asarray(token_ids, dtype=np.int64).view(np.uint64)
     return _hash_bytes(buf.tobytes())
+
+
+def _holds(blk: CachedBlock, parent: CachedBlock | None, tokens: tuple[int, ...]) -> bool:
+    """Whether cached ``blk`` holds the state after ``tokens`` following ``parent``'s state (the
+    hash only says it may: see the module docstring)."""
+    return blk.parent is parent and blk.tokens == tokens
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, start: int = 0,
@@ -103,10 +123,14 @@ class StatePool:
 
 @dataclass(eq=False)
 class CachedBlock:
-    """One slot's worth of state. ``hash`` is None until committed (then it is cached)."""
+    """One slot's worth of state. ``hash`` is None until committed (then it is cached); a cached
+    block also keeps what its state is the state of: its token ids and the cached block before it
+    (None for block 0), compared on every hit since the hash alone can collide."""
     slot: int
     ref_count: int = 0
     hash: int | None = None
+    tokens: tuple[int, ...] | None = None
+    parent: CachedBlock | None = None
 
 
 @dataclass
@@ -116,7 +140,14 @@ class _Req:
     num_hit_blocks: int = 0                # leading blocks taken from the cache
     num_committed: int = 0                 # leading blocks registered (hit blocks count)
     last_hash: int = ROOT_HASH             # hash of block num_committed-1
+    # the cached block holding the state of blocks [0, num_committed) (None: no block yet), or
+    # _UNREACHABLE once a block collided with a different cached one: a lookup stops at that
+    # block, so the request's later blocks could never be hit and are not registered
+    parent: object = None
     single_slot: int | None = None         # caching off: the one slot
+
+
+_UNREACHABLE = object()
 
 
 @dataclass
@@ -176,17 +207,26 @@ class PrefixCache:
         # A prompt cached in full gives back its last block: there must be a token to compute
         # and the first computed token's state must sit at a block boundary.
         limit = (len(token_ids) - 1) // self.block_size
-        out, h = [], ROOT_HASH
+        out, h, parent = [], ROOT_HASH, None
         for b in range(limit):
-            h = hash_block(h, token_ids[b * self.block_size:(b + 1) * self.block_size])
+            tokens = tuple(token_ids[b * self.block_size:(b + 1) * self.block_size])
+            h = hash_block(h, tokens)
             blk = self._cached.get(h)
-            if blk is None:
+            if blk is None or not _holds(blk, parent, tokens):
                 break
             out.append(blk)
+            parent = blk
         return out
 
+    def _req(self, rid) -> _Req:
+        try:
+            return self._reqs[rid]
+        except KeyError:
+            raise UnknownRequest(f"request {rid!r} holds no blocks (never allocated, or already "
+                                 f"freed)") from None
+
     def block_table(self, rid) -> list[int]:
-        return [b.slot for b in self._reqs[rid].blocks]
+        return [b.slot for b in self._req(rid).blocks]
 
     def __contains__(self, rid) -> bool:
         return rid in self._reqs
@@ -228,7 +268,8 @@ class PrefixCache:
             b.ref_count += 1
         fresh = [CachedBlock(slot=self._fresh_slot(), ref_count=1) for _ in range(need)]
         req = _Req(tokens_total, hits + fresh, num_hit_blocks=len(hits), num_committed=len(hits),
-                   last_hash=hits[-1].hash if hits else ROOT_HASH)
+                   last_hash=hits[-1].hash if hits else ROOT_HASH,
+                   parent=hits[-1] if hits else None)
         self._reqs[rid] = req
         self.stats.queried_tokens += len(prompt)
         self.stats.hit_tokens += len(hits) * self.block_size
@@ -237,38 +278,70 @@ class PrefixCache:
     def _fresh_slot(self) -> int:
         if self.pool.num_free == 0:
             _, victim = self._evictable.popitem(last=False)  # least recently used
-            del self._cached[victim.hash]
-            self.pool.free(victim.slot)
-            self.stats.evictions += 1
+            self._evict(victim)
         return self.pool.allocate()
+
+    def _evict(self, blk: CachedBlock) -> None:
+        """Forget an unused cached block and free its slot (the caller took it off _evictable)."""
+        del self._cached[blk.hash]
+        # a child still cached names it as parent (by identity, which stays valid); the tokens
+        # are never read again, and dropping the parent keeps no evicted chain alive
+        blk.tokens = blk.parent = None
+        self.pool.free(blk.slot)
+        self.stats.evictions += 1
 
     def commit(self, rid, token_ids: Sequence[int], num_computed: int) -> int:
         """Register the request's blocks whose end ``num_computed`` has passed (their slots now
         hold the state after the block and the request never writes them again). ``token_ids``
-        must hold at least the first ``num_computed`` tokens. Returns how many were registered."""
-        req = self._reqs[rid]
+        must hold at least the first ``num_computed`` tokens. Returns how many were registered.
+
+        Raises UnknownRequest for an id without blocks, ValueError (nothing changed) for a
+        ``num_computed`` below 0, above ``len(token_ids)`` or above the request's tokens_total."""
+        req = self._req(rid)
+        if not 0 <= num_computed <= min(len(token_ids), req.tokens_total):
+            raise ValueError(
+                f"commit of request {rid!r}: num_computed={num_computed} must be in [0, "
+                f"min(len(token_ids)={len(token_ids)}, tokens_total={req.tokens_total})]")
         if not self.enable_caching:
             return 0
         B = self.block_size
-        full = min(num_computed, len(token_ids)) // B
         added = 0
-        while req.num_committed < full:
+        while req.num_committed < num_computed // B:
             b = req.num_committed
-            h = hash_block(req.last_hash, token_ids[b * B:(b + 1) * B])
-            blk = req.blocks[b]
-            if h not in self._cached:       # a twin computed concurrently keeps the first copy
-                blk.hash = h
-                self._cached[h] = blk
-                added += 1
+            tokens = tuple(token_ids[b * B:(b + 1) * B])
+            h = hash_block(req.last_hash, tokens)
+            added += self._register(req, req.blocks[b], h, tokens)
             req.last_hash = h
             req.num_committed += 1
         return added
 
+    def _register(self, req: _Req, blk: CachedBlock, h: int, tokens: tuple[int, ...]) -> int:
+        """Cache ``blk`` (the request's next block) under ``h`` unless a block with the same
+        content is cached already; advance req.parent. Returns 1 if blk was registered."""
+        if req.parent is _UNREACHABLE:
+            return 0
+        other = self._cached.get(h)
+        if other is not None and _holds(other, req.parent, tokens):
+            req.parent = other          # a twin computed concurrently: the first copy stays
+            return 0
+        if other is not None and other.ref_count > 0:
+            req.parent = _UNREACHABLE   # a collision with a block in use: ours stays private
+            return 0
+        if other is not None:           # a collision with an unused block: the newer one wins
+            del self._evictable[h]
+            self._evict(other)
+        blk.hash, blk.tokens, blk.parent = h, tokens, req.parent
+        self._cached[h] = blk
+        req.parent = blk
+        return 1
+
     def free(self, rid) -> None:
         """Release a finished or aborted request. Uncached blocks return their slots at once;
         cached ones stay (evictable) once no request uses them. The tail blocks are queued for
-        eviction before the head ones, since a prefix is more likely to be asked for again."""
-        req = self._reqs.pop(rid)
+        eviction before the head ones, since a prefix is more likely to be asked for again.
+        Raises UnknownRequest for an id without blocks (never allocated, or freed already)."""
+        req = self._req(rid)
+        del self._reqs[rid]
         if req.single_slot is not None:
             self.pool.free(req.single_slot)
             return
@@ -280,7 +353,6 @@ class PrefixCache:
                 self._evictable[blk.hash] = blk
             else:
                 self.pool.free(blk.slot)
-
 
     def reset(self) -> None:
         """Forget every cached block (requests must all be freed first)."""
@@ -305,9 +377,10 @@ class PrefixCache:
                 refs[id(blk)] = refs.get(id(blk), 0) + 1
                 prev = slot_owner.setdefault(blk.slot, blk)
                 assert prev is blk, f"slot {blk.slot} held by two blocks"
-        for blk in self._cached.values():
+        for h, blk in self._cached.items():
             prev = slot_owner.setdefault(blk.slot, blk)
             assert prev is blk, f"slot {blk.slot} held by two blocks"
+            assert blk.hash == h and len(blk.tokens) == self.block_size, "cached block's key"
             assert blk.ref_count == refs.get(id(blk), 0), "ref count mismatch"
             assert (blk.ref_count == 0) == (blk.hash in self._evictable), "evictable mismatch"
         for req in self._reqs.values():

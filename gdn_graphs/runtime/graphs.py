@@ -50,7 +50,7 @@ class CapturedGraph:
     graph: Any                                # torch.cuda.CUDAGraph (or the backend's object)
     outputs: Any                              # fn(size)'s return value at capture: static outputs
     input_ptrs: tuple[int, ...] | None        # data_ptr()s of inputs() at capture (debug_ptrs)
-    range_name: str                           # NVTX range of its replay, built once
+    range_name: str                           # NVTX range of its replay (payload: its size)
 
 
 @dataclass
@@ -170,23 +170,23 @@ class GraphManager:
             self._pool = be.pool_handle()
         if self._stream is None:
             self._stream = be.new_stream()
-        with nvtx.range(f"gdn.capture.{kind}"):
-            be.synchronize()
-            for size in _progress(todo, kind, progress):
-                key = GraphKey(kind, size)
-                with nvtx.range(f"gdn.capture.{kind}.{size}"):
-                    with be.warmup_context(self._stream):
-                        for _ in range(warmup):
-                            fn(size)
-                    ptrs = self._input_ptrs(key, inputs) if (self.debug_ptrs and inputs) else None
-                    graph = be.new_graph()
-                    with be.capture_context(graph, self._pool, self._stream):
-                        outputs = fn(size)
-                self.captured[key] = CapturedGraph(graph, outputs, ptrs, f"gdn.replay.{kind}.{size}")
-                if inputs is not None:
-                    self._inputs[key] = inputs
-                self.stats.captures += 1
-            be.synchronize()
+        name = f"gdn.capture.{kind}"
+        be.synchronize()
+        for size in _progress(todo, kind, progress):
+            key = GraphKey(kind, size)
+            with nvtx.range(name, size):
+                with be.warmup_context(self._stream):
+                    for _ in range(warmup):
+                        fn(size)
+                ptrs = self._input_ptrs(key, inputs) if (self.debug_ptrs and inputs) else None
+                graph = be.new_graph()
+                with be.capture_context(graph, self._pool, self._stream):
+                    outputs = fn(size)
+            self.captured[key] = CapturedGraph(graph, outputs, ptrs, f"gdn.replay.{kind}")
+            if inputs is not None:
+                self._inputs[key] = inputs
+            self.stats.captures += 1
+        be.synchronize()
 
     @staticmethod
     def _input_ptrs(key: GraphKey, inputs: Callable[[], Sequence[torch.Tensor]]) -> tuple[int, ...]:
@@ -223,11 +223,11 @@ class GraphManager:
             self._warn_eager(kind, n)
             self.stats.eager_fallbacks += 1
             self.stats.eager_by_kind[kind] += 1
-            with nvtx.range("gdn.eager"):
+            with nvtx.range(f"gdn.eager.{kind}", n):
                 return fn(n), n
         if self.debug_ptrs and entry.input_ptrs is not None:
             self._check_ptrs(key, entry)
-        with nvtx.range(entry.range_name):
+        with nvtx.range(entry.range_name, size):
             self.backend.replay(entry.graph)
         self.stats.replays += 1
         self.stats.replays_by_key[key] += 1

@@ -34,9 +34,15 @@ What it reads or overrides:
 * ``get_forward_context().attn_metadata`` (None during the profile run: the warm-up),
   ``compilation_config.static_forward_context`` (the builders find the layers' shared
   ``GDNResources``), ``compilation_config.max_cudagraph_capture_size``,
-  ``scheduler_config.max_num_seqs`` and ``max_num_batched_tokens``.
+  ``scheduler_config.max_num_seqs`` and ``max_num_batched_tokens``,
+  ``observability_config.enable_layerwise_nvtx_tracing`` (switches our NVTX ranges on).
 """
 
-from gdn_graphs.vllm.v0_26.config import register
-
 __all__ = ["register"]
+
+
+def register() -> None:
+    """The plugin's registration for vLLM 0.26 (imports vLLM: only where vLLM runs)."""
+    from gdn_graphs.vllm.v0_26.config import register as register_0_26
+
+    register_0_26()

@@ -25,6 +25,7 @@ from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from gdn_graphs import nvtx
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.runtime.step import GDNStep
 from gdn_graphs.vllm import enabled
@@ -92,6 +93,12 @@ def switch_on_layers(model: torch.nn.Module, vllm_config) -> int:
         m._gdn_graphs = on and m.activation in ("silu", "swish")
         m._gdn_resources = resources
     n_on = sum(m._gdn_graphs for m in layers)
+    if n_on and getattr(vllm_config.observability_config, "enable_layerwise_nvtx_tracing", False):
+        # vLLM's layer-wise NVTX ranges are on: ours (gdn.core.* per layer) nest inside them
+        try:
+            nvtx.enable(True)
+        except RuntimeError as e:  # no NVTX binding in this process
+            logger.warning("gdn_graphs: NVTX ranges stay off: %s", e)
     logger.info("gdn_graphs: %d of %d GDN layers run on gdn_graphs kernels (mamba cache mode %r)",
                 n_on, len(layers), vllm_config.cache_config.mamba_cache_mode)
     return n_on
@@ -188,6 +195,8 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
         self._gdn_resources: GDNResources | None = None  # likewise, shared by the model's layers
         self._max_reqs = vllm_config.scheduler_config.max_num_seqs
         self._cache_config = vllm_config.cache_config  # its page size is final by the profile run
+        digits = [p for p in self.prefix.split(".") if p.isdigit()]
+        self._layer_index = int(digits[-1]) if digits else -1  # NVTX payload only
 
     def get_attn_backend(self):
         return GDNGraphsBackend if self._gdn_graphs else super().get_attn_backend()
@@ -240,7 +249,8 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
         if not is_conv_state_dim_first():
             conv = conv.transpose(-1, -2)  # [blocks, conv_dim, W-1], a strided view: no copy
         ws = self._workspace(mixed_qkv) if step.num_prefill_tokens else None
-        run_gdn_core(mixed_qkv, a, b, self._weights(), GDNPools(conv, ssm), step, core_attn_out, ws)
+        run_gdn_core(mixed_qkv, a, b, self._weights(), GDNPools(conv, ssm), step, core_attn_out, ws,
+                     self._layer_index)
 
 
 def install_layer() -> None:

@@ -3,8 +3,13 @@
 # packed into $OUT/session.tgz (the device returns at most 8 files).
 #   run(command="bash profiling/gpu_session.sh tests bench demo", carry=[".whl"])
 # Targets: tests (pytest -m gpu; TEST_K=expr selects), bench (decode + prefill), sweep (prefill
-# launch knobs only; BENCHES="bench_decode" picks), demo (gdn-graphs demo at full size). .whl holds wheels the GPU image lacks
-# (nvtx, fla-core) for Python 3.12; see profiling/README.md.
+# launch knobs only; BENCHES="bench_decode" picks), demo (gdn-graphs demo at full size), profile
+# (gdn-graphs profile, qwen3-next preset), soak (profiling/soak.py, 10,000 steps full vs eager),
+# sanitizer (compute-sanitizer memcheck/racecheck/synccheck over tests/test_gpu_safety.py's
+# random plans). .whl holds wheels the GPU image lacks (nvtx, fla-core) for Python 3.12; see
+# profiling/README.md. OLD=DIR runs bench/demo from another tree (DIR holds its gdn_graphs and
+# profiling/) with results under $W/old: a before/after comparison in one session
+# (OLD_BENCHES="" skips its benchmarks).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=/tmp/session; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -29,7 +34,25 @@ for what in ${@:-tests bench}; do
     sweep) timeout "${BENCH_TIMEOUT:-200}" python3 profiling/bench_prefill.py --out "$W" --sweep-only > "$W/sweep.log" 2>&1; rc=$?
            tail -20 "$W/sweep.log" ;;
     demo)  timeout "${DEMO_TIMEOUT:-420}" python3 -m gdn_graphs.engine.cli demo --json-out "$W/demo.json" ${DEMO_ARGS:-} > "$W/demo.log" 2>&1; rc=$?
-           tail -40 "$W/demo.log" ;;
+           tail -12 "$W/demo.log" ;;
+    old)   # bench and demo of another tree ($OLD), same machine, same session
+           mkdir -p "$W/old"; rc=0
+           for b in ${OLD_BENCHES-bench_decode bench_prefill}; do
+             extra=; [ $b = bench_prefill ] && extra=--no-sweep
+             (cd "$OLD" && PYTHONPATH=$PWD:/tmp/site timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$W/old" $extra > "$W/old/$b.log" 2>&1) || rc=$?
+           done
+           (cd "$OLD" && PYTHONPATH=$PWD:/tmp/site timeout "${DEMO_TIMEOUT:-420}" python3 -m gdn_graphs.cli demo --json-out "$W/old/demo.json" ${DEMO_ARGS:-} > "$W/old/demo.log" 2>&1) || rc=$?
+           tail -3 "$W/old/demo.log" ;;
+    profile) timeout "${PROFILE_TIMEOUT:-300}" python3 -m gdn_graphs.engine.cli profile --out "$W/profile" ${PROFILE_ARGS:-} > "$W/profile.log" 2>&1; rc=$?
+           grep -v "it/s" "$W/profile.log" | tail -30 ;;
+    soak)  timeout "${SOAK_TIMEOUT:-300}" python3 profiling/soak.py --out "$W" ${SOAK_ARGS:-} > "$W/soak.log" 2>&1; rc=$?
+           tail -2 "$W/soak.log" ;;
+    sanitizer) rc=0
+           for tool in memcheck racecheck synccheck; do
+             timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool $tool --error-exitcode 9 \
+               python3 tests/test_gpu_safety.py > "$W/sanitizer_$tool.log" 2>&1 || rc=$?
+             echo "$tool: $(tail -1 "$W/sanitizer_$tool.log")"
+           done ;;
     *) echo "unknown target $what"; rc=2 ;;
   esac
   summary+=("$what: rc=$rc in $(( $(date +%s) - t0 )) s")

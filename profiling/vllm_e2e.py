@@ -14,6 +14,10 @@ Scenarios:
   system  a system prompt of --system-len tokens + three different 200-token questions, in turn
   ttft    a fresh --ttft-len prompt cold, then again warm: time to first token each
   decode  --decode-batch prompts of 256 tokens, --decode-tokens generated each: decode tokens/s
+  abort   four requests at once through the engine's own loop: one aborted mid-prefill (a prompt
+          longer than two steps' token budget, aborted after its first step), one aborted
+          mid-decode (after 3 tokens), two that run on; the survivors' tokens must equal what
+          each generates alone
 """
 
 from __future__ import annotations
@@ -81,6 +85,36 @@ def triton_compiles_since(t0):
                 if mt > t0:
                     found.append((round(mt - t0, 2), f[:-5]))
     return sorted(found)
+
+
+def abort_scenario(llm, rng, vocab, max_batched, gen, greedy, run):
+    """Aborts mid-prefill and mid-decode next to requests that run on (see the module docstring);
+    the survivors are first run alone, so together they also hit the prefix cache."""
+    prompts = {"abort_prefill": ids(rng, 2 * max_batched + 100, vocab),
+               "abort_decode": ids(rng, 700, vocab),
+               "keep_long": ids(rng, max_batched + 300, vocab),
+               "keep_short": ids(rng, 400, vocab)}
+    alone = {k: run(p, gen)["tokens"] for k, p in prompts.items() if k.startswith("keep")}
+    eng = llm.llm_engine
+    tag = f"abort-{time.time_ns()}-"
+    for k, p in prompts.items():   # FIFO: the prefill victim takes the first step's budget
+        eng.add_request(tag + k, {"prompt_token_ids": p}, greedy(gen))
+    latest, aborted, steps = {}, {}, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            latest[out.request_id[len(tag):]] = out
+        steps += 1
+        if steps == 1 and "abort_prefill" not in aborted:
+            eng.abort_request([tag + "abort_prefill"])
+            aborted["abort_prefill"] = {"step": steps, "tokens_out": 0}
+        dec = latest.get("abort_decode")
+        if "abort_decode" not in aborted and dec is not None and len(dec.outputs[0].token_ids) >= 3:
+            eng.abort_request([tag + "abort_decode"])
+            aborted["abort_decode"] = {"step": steps, "tokens_out": len(dec.outputs[0].token_ids)}
+    together = {k: list(latest[k].outputs[0].token_ids) for k in alone if k in latest}
+    return {"steps": steps, "aborted": aborted, "alone": alone, "together": together,
+            "survivors_equal": all(together.get(k) == v for k, v in alone.items()),
+            "aborted_finished": {k: (latest[k].finished if k in latest else None) for k in aborted}}
 
 
 def main(argv=None):
@@ -245,6 +279,9 @@ def main(argv=None):
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
             S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
                                                      a.gpu_profile)
+    if "abort" in want:
+        marks["abort"] = round(time.time() - t_up, 2)
+        S["abort"] = abort_scenario(llm, rng, vocab, a.max_batched, a.gen, greedy, run)
     res["triton_compiles_after_start"] = triton_compiles_since(t_up)
     with open(a.out, "w") as f:
         json.dump(res, f)

@@ -42,7 +42,9 @@ def check(res: dict) -> list:
       (the shared prefix rounded down to whole blocks);
     * no gdn_graphs kernel was compiled after the engine was up (where recorded);
     * float32 engines generate the same greedy tokens, scenario by scenario, whatever their
-      prefix-caching and CUDA-graph settings (bf16 is exempt: near-tied logits flip).
+      prefix-caching and CUDA-graph settings (bf16 is exempt: near-tied logits flip);
+    * in the abort scenario (where run), both aborts happened and the requests that ran on
+      generated exactly what each generates alone.
     """
     problems, fp32, ours = [], {}, our_kernel_names()
     for name, r in sorted(res.items()):
@@ -56,6 +58,13 @@ def check(res: dict) -> list:
                     if any(g != sc[key]["expected_reuse"] for g in got):
                         problems.append(f"{name}: {key} reused {got}, expected "
                                         f"{sc[key]['expected_reuse']} each")
+        ab = sc.get("abort")
+        if ab is not None:
+            if set(ab["aborted"]) != {"abort_prefill", "abort_decode"}:
+                problems.append(f"{name}: abort scenario aborted {sorted(ab['aborted'])}")
+            if not ab["survivors_equal"] or set(ab["together"]) != set(ab["alone"]):
+                problems.append(f"{name}: abort scenario: the requests that ran on did not "
+                                f"generate what they generate alone")
         if c.get("plugin") == "on":
             late = sorted({k for _, k in r.get("triton_compiles_after_start") or [] if k in ours})
             if late:

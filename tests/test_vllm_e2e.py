@@ -36,7 +36,7 @@ def test_vllm_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
         procs[name] = (subprocess.Popen(
             [sys.executable, str(ROOT / "profiling" / "vllm_e2e.py"), "--model", str(model),
              "--dtype", "float32", "--plugin", "on", "--prefix-caching", pc, "--graphs", graphs,
-             "--kv-cache-gib", "4", "--scenarios", "repeat,shared,system", "--prefix-len", "6000",
+             "--kv-cache-gib", "4", "--scenarios", "repeat,shared,system,abort", "--prefix-len", "6000",
              "--shared-len", "4000", "--system-len", "1000", "--gen", "16",
              "--out", str(tmp_path / f"{name}.json")], stdout=log, stderr=subprocess.STDOUT,
             env=env), log)
@@ -58,3 +58,8 @@ def test_vllm_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
     # the prefix-caching engines reused something (the check compares with the expected value)
     pc = res["fp32_plugin_pc_graphs"]["scenarios"]
     assert pc["shared"]["runs"][1]["num_cached_tokens"] > 0
+    # aborts mid-prefill and mid-decode leave the other requests' tokens as they are alone
+    for name in CONFIGS:
+        ab = res[name]["scenarios"]["abort"]
+        print(f"{name}: abort scenario {ab['steps']} steps, aborted {ab['aborted']}, "
+              f"survivors equal: {ab['survivors_equal']}")

@@ -64,3 +64,22 @@ def test_plugin_not_in_all_mode_is_caught(report, correctness):
     res = copy.deepcopy(correctness)
     res["fp32_plugin_pc_eager"]["mamba_cache_mode"] = "align"
     assert report.check(res)[0] == "fp32_plugin_pc_eager: mamba cache mode 'align', not 'all'"
+
+
+def test_abort_scenario_failures_are_caught(report, correctness):
+    res = copy.deepcopy(correctness)
+    good = {"steps": 9, "aborted": {"abort_prefill": {"step": 1, "tokens_out": 0},
+                                    "abort_decode": {"step": 5, "tokens_out": 3}},
+            "alone": {"keep_long": [1, 2], "keep_short": [3]},
+            "together": {"keep_long": [1, 2], "keep_short": [3]}, "survivors_equal": True}
+    res["fp32_plugin_pc_graphs"]["scenarios"]["abort"] = good
+    assert report.check(res) == []
+    bad = copy.deepcopy(good)
+    bad["together"]["keep_short"] = [4]
+    bad["survivors_equal"] = False
+    del bad["aborted"]["abort_decode"]
+    res["fp32_plugin_pc_graphs"]["scenarios"]["abort"] = bad
+    assert report.check(res) == [
+        "fp32_plugin_pc_graphs: abort scenario aborted ['abort_prefill']",
+        "fp32_plugin_pc_graphs: abort scenario: the requests that ran on did not generate what "
+        "they generate alone"]

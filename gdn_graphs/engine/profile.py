@@ -132,6 +132,11 @@ def _write_results(prof, out: Path, gpu: bool, steps: list[str], log, title: str
     table = format_summary(summary)
     (out / "summary.txt").write_text(table)
     log(table)
+    try:
+        import matplotlib  # noqa: F401  (the ``profile`` extra)
+    except ImportError:
+        log("no step plots: they need matplotlib (pip install 'gdn-graphs[profile]')")
+        steps = []
     for kind in ("decode", "mixed"):
         idx = next((i for i, k in enumerate(steps) if k == kind and i > 0), None)
         if idx is not None:

@@ -51,6 +51,37 @@ def test_profile_command_writes_trace_summary_and_plots(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_summary_attributes_kernels_to_the_ranges_that_launched_them():
+    """A kernel counts in every range open on the launching thread when it was launched (paired
+    by correlation id, also for a graph replay), its own range is the innermost one; a kernel
+    launched outside the profiled steps is in no range and no step total."""
+    from gdn_graphs.engine.profile import summarize
+
+    def span(name, cat, ts, dur, tid=1, **args):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid,
+                "args": args}
+
+    ev = [span("profile.step.0.decode", "user_annotation", 0, 100),
+          span("engine.step", "user_annotation", 1, 98),
+          span("gdn.core", "user_annotation", 10, 30),
+          span("gdn.core.decode", "user_annotation", 12, 20),
+          span("cudaLaunchKernel", "cuda_runtime", 14, 1, correlation=7),
+          span("cudaLaunchKernel", "cuda_runtime", 35, 1, correlation=8),
+          span("cudaLaunchKernel", "cuda_runtime", 150, 1, correlation=9),
+          span("_gdn_decode_kernel", "kernel", 60, 4, tid=7, correlation=7),
+          span("aten_norm", "kernel", 70, 6, tid=7, correlation=8),
+          span("stray", "kernel", 200, 10, tid=7, correlation=9)]
+    s = summarize(ev, gpu=True)
+    k, r = s["kernels"], s["ranges"]
+    assert k["_gdn_decode_kernel"]["range"] == "gdn.core.decode"
+    assert k["aten_norm"]["range"] == "gdn.core" and k["stray"]["range"] == ""
+    assert r["gdn.core.decode"]["gpu_ms"] == pytest.approx(0.004)
+    assert r["gdn.core"]["gpu_ms"] == pytest.approx(0.010)
+    assert r["engine.step"]["gpu_ms"] == pytest.approx(0.010)
+    assert s["steps_gpu_ms"] == pytest.approx(0.010)
+    assert r["gdn.core.decode"]["share_of_steps"] == pytest.approx(0.4)
+
+
 def _ncu() -> str:
     found = shutil.which("ncu") or next(iter(sorted(
         glob.glob("/usr/local/cuda*/bin/ncu") + glob.glob("/opt/nvidia/nsight-compute/*/ncu"))), None)

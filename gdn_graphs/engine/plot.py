@@ -7,21 +7,25 @@ __all__ = ["plot_step"]
 
 
 def plot_step(events: list[dict], step_name: str, png_path, title: str) -> int:
-    """Draw one step of a Chrome trace's events: the GPU kernels inside the step's
-    gpu_user_annotation if there are any, else the CPU operators inside its CPU range. Returns
-    how many events it drew."""
+    """Draw one step of a Chrome trace's events: the GPU kernels launched inside the step's CPU
+    range (paired with their launches by correlation id) if there are any, else the CPU operators
+    (or interpreted kernels) inside that range. Returns how many events it drew."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     spans = [e for e in events if e.get("ph") == "X"]
-    gpu_win = [e for e in spans if e.get("cat") == "gpu_user_annotation" and e["name"] == step_name]
     cpu_win = [e for e in spans if e.get("cat") == "user_annotation" and e["name"] == step_name]
-    if gpu_win:
-        w = gpu_win[0]
-        sel = [e for e in spans if e.get("cat") == "kernel"
-               and w["ts"] <= e["ts"] <= w["ts"] + w["dur"]]
+    # GPU kernels launched inside the step's CPU range (CUPTI's correlation ids pair them)
+    from gdn_graphs.engine.profile import kernel_launches
+
+    w = cpu_win[0] if cpu_win else None
+    sel = [] if w is None else [k for k, call in kernel_launches(spans) if call.get("tid") == w["tid"]
+                                and w["ts"] <= call["ts"] <= w["ts"] + w["dur"]]
+    if sel:
+        t_first = min(k["ts"] for k in sel)
+        w = {"ts": t_first, "dur": max(k["ts"] + k["dur"] for k in sel) - t_first}
         lane_of = lambda e: f"stream {e.get('args', {}).get('stream', e.get('tid'))}"
         what = "GPU kernels"
     elif cpu_win:

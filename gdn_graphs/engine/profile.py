@@ -194,44 +194,76 @@ def _interpreter_kernel_ranges(on: bool):
         InterpretedFunction.run = run
 
 
+def kernel_launches(spans: list[dict]) -> list[tuple[dict, dict]]:
+    """(kernel, the host call that launched it) pairs, matched by CUPTI's correlation id. A
+    kernel replayed from a CUDA graph pairs with the graph launch."""
+    launch = {e["args"]["correlation"]: e for e in spans
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    return [(e, launch[e["args"]["correlation"]]) for e in spans if e.get("cat") == "kernel"
+            and e.get("args", {}).get("correlation") in launch]
+
+
+def _open_ranges(host: list[dict], launches: list[tuple[dict, dict]]):
+    """For each launch, the host ranges open on its thread at that moment, outermost first (ranges
+    of one thread nest properly, so one sweep with a stack per thread finds them)."""
+    marks = []
+    for i, r in enumerate(host):
+        marks.append((r["ts"], 0, i, r.get("tid")))              # open
+        marks.append((r["ts"] + r["dur"], 2, i, r.get("tid")))   # close (after launches at ts)
+    for j, (_, call) in enumerate(launches):
+        marks.append((call["ts"], 1, j, call.get("tid")))
+    stacks, found = defaultdict(list), {}
+    for _, kind, i, tid in sorted(marks, key=lambda m: (m[0], m[1])):
+        if kind == 0:
+            stacks[tid].append(i)
+        elif kind == 2:
+            if i in stacks[tid]:
+                stacks[tid].remove(i)
+        else:
+            found[i] = [host[r] for r in stacks[tid]]
+    return found
+
+
 def summarize(events: list[dict], gpu: bool) -> dict:
-    """Per-range and per-kernel totals from a Chrome trace's events (times in ms)."""
+    """Per-range and per-kernel totals from a Chrome trace's events (times in ms). A range's GPU
+    time is the time of the kernels launched inside it; a kernel's range is the innermost of ours
+    open when it was launched."""
     spans = [e for e in events if e.get("ph") == "X"]
-    host = [e for e in spans if e.get("cat") == "user_annotation"]
-    dev = [e for e in spans if e.get("cat") == "gpu_user_annotation"]
-    step_host = sum(e["dur"] for e in host if e["name"].startswith(_STEP))
-    step_dev = sum(e["dur"] for e in dev if e["name"].startswith(_STEP))
+    host = [e for e in spans if e.get("cat") == "user_annotation"
+            and e["name"].startswith(_OURS + (_STEP,))]
+    launches = kernel_launches(spans)
+    open_at = _open_ranges(host, launches)
     ranges: dict = defaultdict(lambda: {"count": 0, "host_ms": 0.0, "gpu_ms": 0.0})
+    kernels: dict = defaultdict(lambda: {"count": 0, "gpu_ms": 0.0, "range": ""})
+    step_host = sum(e["dur"] for e in host if e["name"].startswith(_STEP))
     for e in host:
         if e["name"].startswith(_OURS):
-            r = ranges[e["name"]]
-            r["count"] += 1
-            r["host_ms"] += e["dur"] / 1e3
-    for e in dev:
-        if e["name"].startswith(_OURS):
-            ranges[e["name"]]["gpu_ms"] += e["dur"] / 1e3
-    for r in ranges.values():
-        r["share_of_steps"] = (r["gpu_ms"] * 1e3 / step_dev if gpu and step_dev
-                               else r["host_ms"] * 1e3 / max(step_host, 1e-9))
-    kernels: dict = defaultdict(lambda: {"count": 0, "gpu_ms": 0.0, "range": ""})
-    ours = sorted((e for e in dev if e["name"].startswith(_OURS)), key=lambda e: -e["ts"])
-    total = 0.0
-    for e in spans:
-        if e.get("cat") != "kernel":
-            continue
-        k = kernels[e["name"]]
+            ranges[e["name"]]["count"] += 1
+            ranges[e["name"]]["host_ms"] += e["dur"] / 1e3
+    step_dev = total = 0.0
+    for j, (kern, _) in enumerate(launches):
+        ms = kern["dur"] / 1e3
+        total += ms
+        k = kernels[kern["name"]]
         k["count"] += 1
-        k["gpu_ms"] += e["dur"] / 1e3
-        total += e["dur"] / 1e3
-        inner = [r for r in ours if r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"]]
-        if inner and not k["range"]:
-            k["range"] = min(inner, key=lambda r: r["dur"])["name"]
+        k["gpu_ms"] += ms
+        inside = open_at.get(j, [])
+        step_dev += ms if any(r["name"].startswith(_STEP) for r in inside) else 0.0
+        for name in {r["name"] for r in inside if r["name"].startswith(_OURS)}:
+            ranges[name]["gpu_ms"] += ms
+        ours = [r["name"] for r in inside if r["name"].startswith(_OURS)]
+        if ours and not k["range"]:
+            k["range"] = ours[-1]
+    for r in ranges.values():
+        r["share_of_steps"] = (r["gpu_ms"] / step_dev if gpu and step_dev
+                               else r["host_ms"] * 1e3 / max(step_host, 1e-9))
     for k in kernels.values():
         k["share"] = k["gpu_ms"] / total if total else 0.0
-    note = ("GPU: range times are host (CPU) and device (GPU) spans; kernel times from CUPTI"
-            if gpu else "CPU: kernels ran under the Triton interpreter (no GPU kernels in the "
-                        "trace); 'kernel:<name>' ranges are their interpreted runs")
-    return {"note": note, "steps_host_ms": step_host / 1e3, "steps_gpu_ms": step_dev / 1e3,
+    note = ("GPU: host ms is the range's span on the CPU, GPU ms the time of the kernels launched "
+            "inside it (CUPTI); share is of the kernels' time in the profiled steps" if gpu else
+            "CPU: kernels ran under the Triton interpreter (no GPU kernels in the trace); "
+            "'kernel:<name>' ranges are their interpreted runs; share is of the steps' host time")
+    return {"note": note, "steps_host_ms": step_host / 1e3, "steps_gpu_ms": step_dev,
             "ranges": dict(sorted(ranges.items())),
             "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["gpu_ms"]))}
 

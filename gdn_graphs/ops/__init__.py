@@ -1,7 +1,8 @@
 """GDN kernels (Triton) and the plain PyTorch reference they are tested against.
 
     meta.py       ChunkMeta: a varlen prefill batch (spans, slots, checkpoints) on the device
-    common.py     shared by the kernels: Triton helpers (softplus, l2norm, gates), host checks
+    common.py     shared by the kernels: Triton helpers (softplus, l2norm, gates, masks), host
+                  checks, the error-flag codes (ERR_SLOT, ERR_TOKENS, ERR_META) and error_names
     decode.py     gdn_decode, gdn_decode_multi: gating + q/k l2norm + state update, slot to slot
     workspace.py  ChunkWorkspace, ChunkConfig: the buffers and launch knobs of chunk prefill
     chunk.py      gdn_chunk_prefill: chunked prefill storing block-boundary states into the pool
@@ -10,15 +11,18 @@
 """
 
 from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
+from gdn_graphs.ops.common import ERR_META, ERR_SLOT, ERR_TOKENS, error_names
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
 from gdn_graphs.ops.decode import default_config, gdn_decode, gdn_decode_multi, pdl_supported
-from gdn_graphs.ops.meta import ChunkMeta, chunk_meta, host_chunk_meta, make_chunk_meta
+from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, chunk_meta, host_chunk_meta,
+                                 make_chunk_meta)
 from gdn_graphs.ops.reference import causal_conv1d_ref, gdn_gating, gdn_recurrent_ref, l2norm
 
 __all__ = [
     "gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported",
     "gdn_chunk_prefill", "ChunkWorkspace", "ChunkConfig",
     "conv_decode", "conv_prefill",
-    "ChunkMeta", "chunk_meta", "host_chunk_meta", "make_chunk_meta",
+    "ChunkMeta", "chunk_meta", "host_chunk_meta", "make_chunk_meta", "check_step_slots",
+    "ERR_SLOT", "ERR_TOKENS", "ERR_META", "error_names",
     "gdn_gating", "l2norm", "gdn_recurrent_ref", "causal_conv1d_ref",
 ]

@@ -390,6 +390,34 @@ def test_gpu_full_decode_replay_equals_eager(gpu):
 
 
 @pytest.mark.gpu
+def test_gpu_full_graphs_survive_piecewise_captures_bf16(gpu):
+    """The 2026-12-01 fault: FULL decode graphs replayed after piecewise prefill steps (Inductor's
+    cudagraph trees capture, and clear cuBLAS workspaces, around them), bf16 qwen3-next shapes at
+    36 layers, two requests sharing a 2048-token prompt. It failed in 6 of 8 such runs before the
+    capture made its own cuBLAS workspace (profiling/results/2026-12-01/SUMMARY.md); three
+    rounds here, each with a fresh engine."""
+    import random as rnd
+
+    model = HybridGDNModel(preset("qwen3-next", dtype=torch.bfloat16), device=gpu)
+    for round_ in range(3):
+        eng = Engine(model, EngineConfig(mode="full", block_size=256, num_slots=34, max_seqs=4,
+                                         max_tokens=2048, max_model_len=2640,
+                                         decode_buckets=(1, 2, 4), progress=False))
+        rng = rnd.Random(round_)
+        prompt = [rng.randrange(model.cfg.vocab_size) for _ in range(2048)]
+        eng.generate([[rng.randrange(model.cfg.vocab_size) for _ in range(2048)]], 3)
+        a = eng.add_request(prompt, 12)
+        while a.num_computed < len(a.prompt):
+            eng.step()
+        b = eng.add_request(prompt, 8)
+        while eng.has_unfinished():
+            eng.step()
+        torch.cuda.synchronize()
+        assert a.status == b.status == "finished" and b.metrics.hit_tokens > 0
+        assert eng._graphs.stats.replays > 0
+
+
+@pytest.mark.gpu
 def test_gpu_qwen3_next_decode_speedup(gpu):
     cfg = preset("qwen3-next", dtype=torch.bfloat16)
     model = HybridGDNModel(cfg, device=gpu)

@@ -355,6 +355,36 @@ def test_profiler_ranges_reach_a_torch_profiler_trace():
                            ("pop",)]
 
 
+def test_torch_backend_captures_with_its_own_cublas_workspace(monkeypatch):
+    """cuBLAS workspaces are cleared right before and after a capture (also when it fails), so
+    the workspace a captured GEMM uses is made inside the graph's pool, where nothing else frees
+    it (Inductor's cudagraph trees clear workspaces around their own captures)."""
+    import contextlib
+
+    from gdn_graphs.runtime.graphs import TorchCudaBackend
+
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"),
+                        raising=False)
+
+    @contextlib.contextmanager
+    def fake_graph(graph, pool=None, stream=None):
+        calls.append(("capture", graph, pool, stream))
+        yield
+        calls.append("end")
+
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    be = TorchCudaBackend()
+    with be.capture_context("g", "pool", "s"):
+        calls.append("work")
+    assert calls == ["clear", ("capture", "g", "pool", "s"), "work", "end", "clear"]
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        with be.capture_context("g", "pool", "s"):
+            raise RuntimeError("capture failed")
+    assert calls[0] == "clear" and calls[-1] == "clear"
+
+
 # ---------------------------------------------------------------- GPU tier
 
 

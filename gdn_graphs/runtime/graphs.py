@@ -84,9 +84,25 @@ class TorchCudaBackend:
             yield
         current.wait_stream(stream)
 
-    def capture_context(self, graph, pool, stream):
-        # torch.cuda.graph synchronises and empties the caching allocator's free blocks first.
-        return torch.cuda.graph(graph, pool=pool, stream=stream)
+    @contextlib.contextmanager
+    def capture_context(self, graph, pool, stream) -> Iterator[None]:
+        """Capture into ``pool`` on ``stream`` (torch.cuda.graph synchronises and empties the
+        caching allocator's free blocks first).
+
+        cuBLAS keeps one workspace per handle and stream, made on first use: the warm-up on the
+        capture stream makes it in ordinary memory, and a graph captured after that bakes in its
+        address. Whoever clears cuBLAS workspaces later (Inductor's cudagraph trees do, before
+        and after each of their captures: the piecewise mode) frees that memory while our graph
+        still writes to it. Clearing them here, before and after, makes cuBLAS allocate the
+        workspace this graph uses inside the graph's own pool, as cudagraph trees do for theirs.
+        (Suspected cause of the intermittent illegal access in full mode, bf16, 36 layers, after
+        piecewise steps: profiling/results/2026-12-01/SUMMARY.md.)"""
+        torch._C._cuda_clearCublasWorkspaces()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                yield
+        finally:
+            torch._C._cuda_clearCublasWorkspaces()
 
     def replay(self, graph) -> None:
         graph.replay()

@@ -393,7 +393,7 @@ def test_gpu_full_decode_replay_equals_eager(gpu):
 def test_gpu_full_graphs_survive_piecewise_captures_bf16(gpu):
     """The 2026-12-01 fault: FULL decode graphs replayed after piecewise prefill steps (Inductor's
     cudagraph trees capture, and clear cuBLAS workspaces, around them), bf16 qwen3-next shapes at
-    36 layers, two requests sharing a 2048-token prompt. It failed in 6 of 8 such runs before the
+    36 layers, two requests sharing a 2048-token prompt. It failed in 9 of 12 such runs before the
     capture made its own cuBLAS workspace (profiling/results/2026-12-01/SUMMARY.md); three
     rounds here, each with a fresh engine."""
     import random as rnd

@@ -65,13 +65,18 @@ class SlotSet:
 
         self.decode_read, self.decode_write = view("decode_read"), view("decode_write")
         self.decode_end = gp.decode_end
+        self._last: tuple[GDNStep, GDNStep] | None = None
         self.prefill = dataclasses.replace(
             gp.prefill, **{name: view(name) for name in ChunkMeta.SLOT_FIELDS})
 
     def step(self, placeholder_step: GDNStep) -> GDNStep:
-        """The planner's step with this set's slot views."""
-        return dataclasses.replace(placeholder_step, decode_read=self.decode_read,
-                                   decode_write=self.decode_write, prefill=self.prefill)
+        """The planner's step with this set's slot views (made once per plan: vLLM builds every
+        group's metadata every step, and decode steps often repeat the previous plan)."""
+        if self._last is None or self._last[0] is not placeholder_step:
+            self._last = (placeholder_step, dataclasses.replace(
+                placeholder_step, decode_read=self.decode_read, decode_write=self.decode_write,
+                prefill=self.prefill))
+        return self._last[1]
 
     def clear_decode_slots(self) -> None:
         """Every decode row reads and writes nothing (CUDA-graph capture on dummy tables)."""

@@ -36,7 +36,9 @@ sys.path.insert(0, str(REPO))
 HK, HV, K, V = 16, 32, 128, 128
 SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
 MODES = [("off", None), ("B=256", 256), ("B=1024", 1024)]
-OFF_BLOCK = 1 << 30  # a multiple of 64 beyond every position: no checkpoint inside any span
+# a multiple of 64 beyond every position and below the kernels' cap on positions and block sizes
+# (gdn_graphs.ops.common.MAX_POS = 2**30, not imported here: triton must load after --cpu-dry-run)
+OFF_BLOCK = (1 << 30) - 64
 SWEEP = [dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (2, 3)]
 MiB = 1 << 20

@@ -182,3 +182,65 @@ def test_groups_share_one_plan_and_keep_their_own_slots():
         p.plan(np.array([0, 5000]), np.array([0]), t1[:1], slots=g1)
     p.plan(qsl, n, t1[:2], slots=g1)
     assert p.planner.last_step is not plans
+
+
+def test_error_flag_is_reported_once_a_step_late():
+    """The kernels' flag (set here by hand, as a kernel ORs a code in) comes back through the next
+    plans without a sync: reported once per appearance, in words, and zeroed by the next plan."""
+    B = 64
+    seen = []
+    p = DeviceTablePlanner(4, 1024, B, 8, 8)
+    p.errors.report = lambda code, names: seen.append((code, names))
+    t = torch.arange(1, 33, dtype=torch.int32).view(4, 8)
+    qsl, n = np.array([0, 1, 1 + 2 * B]), np.array([B, 10])
+    p.plan(qsl, n, t[:2])
+    p.plan(qsl, n, t[:2])
+    assert seen == []
+    p.planner.error_flag.fill_(1)        # a step's kernel met a block id outside the cache
+    p.plan(qsl, n, t[:2])                # cached plan (flag not zeroed): this poll's copy sees 1
+    assert seen == []
+    p.plan(qsl, n, t[:2])                # ... and the next poll reports it
+    assert seen == [(1, ["slot out of range"])]
+    p.plan(qsl, n, t[:2])                # still set (cached plan): not reported again
+    assert len(seen) == 1
+    p.plan(np.array([0, 1]), np.array([B]), t[:1])   # a new plan zeroes it
+    p.plan(np.array([0, 1]), np.array([B]), t[:1])
+    p.plan(np.array([0, 1]), np.array([B]), t[:1])
+    assert len(seen) == 1 and p.planner.error_flag.item() == 0
+    p.planner.error_flag.fill_(5)
+    p.plan(qsl, n, t[:2])
+    p.plan(qsl, n, t[:2])
+    assert seen[-1] == (5, ["slot out of range", "chunk or checkpoint table inconsistent"])
+    assert p.errors.reported == [1, 5]
+
+
+@pytest.mark.gpu
+def test_gpu_block_id_outside_the_cache_is_reported(gpu):
+    """A real kernel on a real out-of-range block id (vLLM's ids never pass the host checks): the
+    pool is untouched past its end, and the watch reports ERR_SLOT within two plans, no sync."""
+    from gdn_graphs.ops.common import ERR_SLOT
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+
+    HK, HV, K, V, W, B = 2, 4, 32, 32, 4, 64
+    D = 2 * HK * K + HV * V
+    p = DeviceTablePlanner(4, 256, B, 8, 8, device="cuda")
+    seen = []
+    p.errors.report = lambda code, names: seen.append(code)
+    slots = 6
+    ssm = torch.zeros(slots + 2, HV, V, K, device="cuda")
+    conv = torch.zeros(slots + 2, D, W - 1, device="cuda")
+    pools = GDNPools(conv[:slots], ssm[:slots])  # two guard slots past the pool's end
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = GDNWeights(torch.randn(D, W, device="cuda", generator=g), None,
+                   torch.rand(HV, device="cuda", generator=g), torch.rand(HV, device="cuda", generator=g))
+    t = torch.tensor([[1, slots + 1, 0, 0, 0, 0, 0, 0]], dtype=torch.int32, device="cuda")  # write id past the pool
+    x = torch.randn(1, D, device="cuda", generator=g)
+    a, b = torch.randn(1, HV, device="cuda", generator=g), torch.randn(1, HV, device="cuda", generator=g)
+    step = p.plan(np.array([0, 1]), np.array([B]), t)
+    run_gdn_core(x, a, b, w, pools, step, torch.empty(1, HV, V, device="cuda"), None)
+    torch.cuda.synchronize()                     # (only so that the first copy has surely landed)
+    p.plan(np.array([0, 1]), np.array([B]), t)   # copy enqueued after the kernels
+    torch.cuda.synchronize()
+    p.plan(np.array([0, 1]), np.array([B]), t)   # the copy has landed: reported
+    assert seen == [ERR_SLOT]
+    assert ssm[slots:].abs().sum().item() == 0 and conv[slots:].abs().sum().item() == 0

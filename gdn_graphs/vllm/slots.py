@@ -16,22 +16,31 @@ block ids from the planner's persistent buffers. No step reads a tensor value on
 Which columns a step uses is the block arithmetic of ``gdn_graphs.runtime.step``. Columns before
 the read block are never touched, so stale ids that an append-only engine table still holds there
 are harmless.
+
+The real block ids never pass the host checks (they stay on the device), so the kernels' own
+guard is the last line there: a block id outside the KV cache is read and written as NO_SLOT and
+sets the step's error flag (README "Conventions"). ``ErrorWatch`` brings that flag back without a
+sync and says what it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import logging
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from gdn_graphs.constants import CHUNK, NO_SLOT
+from gdn_graphs.ops.common import error_names
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from gdn_graphs.runtime.step import GDNStep, count_decode_rows
 
-__all__ = ["SlotSet", "DeviceTablePlanner", "plan_block_size"]
+__all__ = ["SlotSet", "DeviceTablePlanner", "ErrorWatch", "plan_block_size"]
+
+_log = logging.getLogger("vllm.gdn_graphs")
 
 
 def plan_block_size(engine_block_size: int, prefix_caching: bool) -> int:
@@ -83,6 +92,52 @@ class SlotSet:
         self.flat[:self.decode_end].fill_(NO_SLOT)
 
 
+class ErrorWatch:
+    """The kernels' error flag of an engine that never syncs for it (vLLM), read one step late.
+
+    ``poll()`` runs on the host before each plan: it reports what its previous copy of the flag
+    brought back, once that copy has landed (an event query, never a wait), then enqueues the next
+    copy to pinned memory. Enqueued before plan() zeroes the flag, a copy holds the codes of the
+    steps enqueued since the last zeroing. A code is reported when it first appears (a cached
+    plan, which does not re-zero the flag, reports it once). ``report(code, names)`` defaults to
+    an error line under vLLM's logger."""
+
+    def __init__(self, flag: torch.Tensor,
+                 report: Callable[[int, list[str]], None] | None = None):
+        self.flag = flag
+        cuda = flag.device.type == "cuda"
+        self._host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self._event = torch.cuda.Event() if cuda else None
+        self._pending = False
+        self._last = 0
+        self.report = report or self._log
+        self.reported: list[int] = []   # every code reported, in order
+
+    @staticmethod
+    def _log(code: int, names: list[str]) -> None:
+        _log.error("gdn_graphs: the GDN kernels met %s (error code %d) in a recent step: an id "
+                   "outside the KV cache or the step's tensors reached them. Nothing outside was "
+                   "read or written (such a row read zeros or stored nothing), but the requests "
+                   "of that step may be wrong: please report this as a bug.",
+                   ", ".join(names), code)
+
+    def poll(self) -> None:
+        if self._event is not None and torch.cuda.is_current_stream_capturing():
+            return  # a plan made while a graph is captured: no copy, no event there
+        if self._pending and (self._event is None or self._event.query()):
+            self._pending = False
+            code = int(self._host[0])
+            if code and code != self._last:
+                self.reported.append(code)
+                self.report(code, error_names(code))
+            self._last = code
+        if not self._pending:
+            self._host.copy_(self.flag, non_blocking=self._event is not None)
+            if self._event is not None:
+                self._event.record()
+            self._pending = True
+
+
 class DeviceTablePlanner:
     """A GDNPlanner whose block tables are rows of a device tensor.
 
@@ -109,6 +164,7 @@ class DeviceTablePlanner:
             max_reqs, table_stride)[:, :table_width]
         self._last: tuple[bytes, GDNStep] | None = None
         self.slots = SlotSet(self)  # the default set (one-group engines, tests)
+        self.errors = ErrorWatch(self.planner.error_flag)
 
     def new_slots(self) -> SlotSet:
         return SlotSet(self)
@@ -139,6 +195,7 @@ class DeviceTablePlanner:
         if block_table.shape[0] < rows:
             raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
+        self.errors.poll()  # before plan() zeroes the flag
         key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(), repr(pad_decodes_to).encode()))
         if self._last is not None and self._last[0] == key:
             placeholder_step = self._last[1]

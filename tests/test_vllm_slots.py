@@ -186,30 +186,31 @@ def test_groups_share_one_plan_and_keep_their_own_slots():
 
 def test_error_flag_is_reported_once_a_step_late():
     """The kernels' flag (set here by hand, as a kernel ORs a code in) comes back through the next
-    plans without a sync: reported once per appearance, in words, and zeroed by the next plan."""
+    steps' plans without a sync, in words; another group's plan of the same step does not poll."""
     B = 64
     seen = []
     p = DeviceTablePlanner(4, 1024, B, 8, 8)
     p.errors.report = lambda code, names: seen.append((code, names))
     t = torch.arange(1, 33, dtype=torch.int32).view(4, 8)
-    qsl, n = np.array([0, 1, 1 + 2 * B]), np.array([B, 10])
-    p.plan(qsl, n, t[:2])
-    p.plan(qsl, n, t[:2])
+
+    def step(i, groups=1):  # step i: one decode row at n = B + i and a prefill row
+        for _ in range(groups):
+            p.plan(np.array([0, 1, 1 + 2 * B]), np.array([B + i, 10]), t[:2])
+
+    step(0)
+    step(1)
     assert seen == []
-    p.planner.error_flag.fill_(1)        # a step's kernel met a block id outside the cache
-    p.plan(qsl, n, t[:2])                # cached plan (flag not zeroed): this poll's copy sees 1
+    p.planner.error_flag.fill_(1)  # step 1's kernels met a block id outside the cache
+    step(2, groups=3)              # its poll copies the flag (1), then its plan zeroes it
     assert seen == []
-    p.plan(qsl, n, t[:2])                # ... and the next poll reports it
+    step(3)                        # ... and the next step's poll reports it
     assert seen == [(1, ["slot out of range"])]
-    p.plan(qsl, n, t[:2])                # still set (cached plan): not reported again
-    assert len(seen) == 1
-    p.plan(np.array([0, 1]), np.array([B]), t[:1])   # a new plan zeroes it
-    p.plan(np.array([0, 1]), np.array([B]), t[:1])
-    p.plan(np.array([0, 1]), np.array([B]), t[:1])
+    step(4)
+    step(5)
     assert len(seen) == 1 and p.planner.error_flag.item() == 0
     p.planner.error_flag.fill_(5)
-    p.plan(qsl, n, t[:2])
-    p.plan(qsl, n, t[:2])
+    step(6)
+    step(7)
     assert seen[-1] == (5, ["slot out of range", "chunk or checkpoint table inconsistent"])
     assert p.errors.reported == [1, 5]
 
@@ -238,9 +239,9 @@ def test_gpu_block_id_outside_the_cache_is_reported(gpu):
     a, b = torch.randn(1, HV, device="cuda", generator=g), torch.randn(1, HV, device="cuda", generator=g)
     step = p.plan(np.array([0, 1]), np.array([B]), t)
     run_gdn_core(x, a, b, w, pools, step, torch.empty(1, HV, V, device="cuda"), None)
-    torch.cuda.synchronize()                     # (only so that the first copy has surely landed)
-    p.plan(np.array([0, 1]), np.array([B]), t)   # copy enqueued after the kernels
+    torch.cuda.synchronize()  # (only so that the first step's copy has surely landed)
+    p.plan(np.array([0, 1]), np.array([B + 1]), t)  # the next step: copy enqueued after the kernels
     torch.cuda.synchronize()
-    p.plan(np.array([0, 1]), np.array([B]), t)   # the copy has landed: reported
+    p.plan(np.array([0, 1]), np.array([B + 2]), t)  # the copy has landed: reported
     assert seen == [ERR_SLOT]
     assert ssm[slots:].abs().sum().item() == 0 and conv[slots:].abs().sum().item() == 0

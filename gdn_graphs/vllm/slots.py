@@ -95,11 +95,10 @@ class SlotSet:
 class ErrorWatch:
     """The kernels' error flag of an engine that never syncs for it (vLLM), read one step late.
 
-    ``poll()`` runs on the host before each plan: it reports what its previous copy of the flag
+    ``poll()`` runs on the host before each new plan (once a step): it reports what its previous copy of the flag
     brought back, once that copy has landed (an event query, never a wait), then enqueues the next
     copy to pinned memory. Enqueued before plan() zeroes the flag, a copy holds the codes of the
-    steps enqueued since the last zeroing. A code is reported when it first appears (a cached
-    plan, which does not re-zero the flag, reports it once). ``report(code, names)`` defaults to
+    steps enqueued since the last zeroing. A code is reported when it first appears. ``report(code, names)`` defaults to
     an error line under vLLM's logger."""
 
     def __init__(self, flag: torch.Tensor,
@@ -195,11 +194,11 @@ class DeviceTablePlanner:
         if block_table.shape[0] < rows:
             raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
-        self.errors.poll()  # before plan() zeroes the flag
         key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(), repr(pad_decodes_to).encode()))
         if self._last is not None and self._last[0] == key:
-            placeholder_step = self._last[1]
+            placeholder_step = self._last[1]  # another group of the same step
         else:
+            self.errors.poll()  # once a step, before plan() zeroes the flag
             qs = q[:rows].tolist()
             pure_decode = count_decode_rows(qs) == rows
             pad = pad_decodes_to if pure_decode else None

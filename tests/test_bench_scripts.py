@@ -123,3 +123,100 @@ def test_prefill_dry_run_with_vllm_stand_in(tmp_path):
     r = res["shapes"]["2x64"]["vllm"]
     assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < 1e-2, r  # ours: tf32 dots
     assert r["notes"] and "chunk indices not precomputed" in r["notes"][0]
+
+
+def _decode_step(q, k, v, a, b, A_log, dt_bias, S, scale):
+    """One token per row, fp32: q, k [B, HV, K] (expanded), v [B, HV, V], S [B, HV, V, K]."""
+    def l2n(x):
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    q, k = l2n(q.float()) * scale, l2n(k.float())
+    g = -torch.exp(A_log.float()) * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    beta = torch.sigmoid(b.float())
+    S = S.float() * g.exp()[..., None, None]
+    u = beta[..., None] * (v.float() - torch.einsum("bhvk,bhk->bhv", S, k))
+    S = S + u[..., None] * k[..., None, :]
+    return torch.einsum("bhvk,bhk->bhv", S, q), S
+
+
+def fake_fi_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,
+                   use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
+                   output_state_indices=None):
+    """FlashInfer's pretranspose pool decode: [B, 1, H, D] inputs, pool [slots, HV, V, K]."""
+    assert state is None and use_qk_l2norm and initial_state.stride(-1) == 1
+    B, _, H, K = q.shape
+    HV = v.shape[2]
+    rs = initial_state_indices.long()
+    ws = rs if output_state_indices is None else output_state_indices.long()
+    o, S = _decode_step(_expand(q[:, 0], HV), _expand(k[:, 0], HV), v[:, 0], a[:, 0], b[:, 0],
+                        A_log, dt_bias, initial_state[rs], K ** -0.5 if scale is None else scale)
+    initial_state[ws] = S.to(initial_state.dtype)
+    output[:, 0] = o.to(output.dtype)
+    return output, initial_state
+
+
+def fake_vllm_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                     use_qk_l2norm_in_kernel=False):
+    """vLLM's packed decode: one packed [B, 2 * H * K + HV * V] row per token, in place."""
+    HV, V, K = initial_state.shape[1:]
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    B = mixed_qkv.shape[0]
+    q = mixed_qkv[:, :H * K].reshape(B, H, K)
+    k = mixed_qkv[:, H * K:2 * H * K].reshape(B, H, K)
+    v = mixed_qkv[:, 2 * H * K:].reshape(B, HV, V)
+    idx = ssm_state_indices.long()
+    assert bool((idx > 0).all()), "vLLM reads index 0 as 'no state'"
+    o, S = _decode_step(_expand(q, HV), _expand(k, HV), v, a, b, A_log, dt_bias, initial_state[idx], scale)
+    initial_state[idx] = S.to(initial_state.dtype)
+    out[:, 0] = o.to(out.dtype)
+    return out, initial_state
+
+
+def test_decode_args_and_help(capsys):
+    bd = load_script("bench_decode")
+    a = bd.parse_args(["--out", "x", "--tp", "2", "--pools", "bf16", "--only", "ours,fi",
+                       "--batches", "1,4"])
+    assert a.tp == [2] and a.pools == ["bf16"] and a.only == ["ours", "fi"] and a.batches == [1, 4]
+    assert bd.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla"]
+    for bad in (["--tp", "4"], ["--pools", "fp16"], ["--only", "sglang"], ["--batches", "0"]):
+        with pytest.raises(SystemExit):
+            bd.parse_args(["--out", "x", *bad])
+    with pytest.raises(SystemExit) as e:
+        bd.parse_args(["--help"])
+    assert e.value.code == 0 and "FlashInfer" in capsys.readouterr().out
+
+
+def test_decode_dry_run_with_stand_ins(tmp_path, capsys):
+    bd = load_script("bench_decode")
+
+    def load_fi():
+        return dict(fn=fake_fi_decode, version="stand-in"), None
+
+    def load_vllm():
+        return dict(fn=fake_vllm_decode, module="stand_in", version="stand-in"), None
+
+    def failing_fi(**kw):  # a row that fails must be reported, not crash the bench
+        raise TypeError("CuTe-DSL argument error (stand-in)")
+
+    load_fi.dry_run_ok = load_vllm.dry_run_ok = True
+    bd.load_fi_decode, bd.load_vllm_decode = load_fi, load_vllm
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep",
+                   "--only", "ours,vllm,fi", "--batches", "2", "--batches-tp2", "2"])
+    text = capsys.readouterr().out
+    rows = res["columns"]
+    assert {(r["tp"], r["pool"], r["column"]) for r in rows} == {
+        (tp, p, c) for tp in (1, 2) for p in ("fp32", "bf16") for c in ("ours", "fi", "vllm")}
+    for r in rows:
+        assert "error" not in r and r["ms"] > 0, r
+        if r["column"] != "ours":
+            tol = 1e-5 if r["pool"] == "fp32" else 2e-2
+            assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < tol, r
+    assert "columns side by side" in text
+
+    load_fi2 = lambda: (dict(fn=failing_fi, version="stand-in"), None)  # noqa: E731
+    load_fi2.dry_run_ok = True
+    bd.load_fi_decode = load_fi2
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep", "--tp", "1",
+                   "--pools", "fp32", "--only", "fi", "--batches", "1"])
+    (row,) = [r for r in res["columns"] if r["column"] == "fi"]
+    assert "CuTe-DSL argument error" in row["error"] and "contiguous" in row["error"]
+    assert "B=1 FlashInfer: " in capsys.readouterr().out

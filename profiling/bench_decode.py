@@ -62,9 +62,14 @@ BF16_SWEEP_B = (64, 256, 1024)
 BF16_SWEEP = [(8, 1), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2),
               (64, 4), (64, 8), (128, 4), (128, 8), (128, 16)]
 BF16_SWEEP_QUICK = [(8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (128, 8)]
+# (BV, num_warps, maxnreg): the default tile and its neighbours with registers per thread capped,
+# to test whether registers (programs resident per SM) are what limits bf16 pools
+BF16_SWEEP_MAXNREG = [(16, 2, 64), (16, 2, 96), (16, 1, 96), (32, 2, 96), (32, 2, 128),
+                      (32, 4, 64)]
 COLUMNS = ("ours", "fla", "vllm", "fi")
 POOL_DTYPES = ("fp32", "bf16")
 GiB = 1 << 30
+MIN_LAUNCHES = 8  # per timed replay
 DEVICE = "cuda"  # a CPU dry run of the bookkeeping may override it
 STATE_BYTES = HV * K * V * 4  # one fp32 state at the current heads (set_tp)
 
@@ -274,7 +279,7 @@ def plan_pools(B, budget, target, state_bytes=None):
     P = max(1, min(LAYERS, budget // per_set))
     need = max(1, math.ceil(target / per_set))
     R = max(1, min(math.ceil(need / P), max(1, budget // (per_set * P))))
-    M = min(P * R, max(8, need))
+    M = min(P * R, max(MIN_LAUNCHES, need))
     return P, R, M
 
 
@@ -665,21 +670,51 @@ def default_config_of(gdn_decode, B, dtype):
     return default_config(K, V, B, dtype)
 
 
-def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy_tbps):
-    """Ours with a bf16 pool at TP 1 over BF16_SWEEP's (BV, num_warps), B in BF16_SWEEP_B."""
+def make_ours_raw(BV, num_warps, maxnreg=None, info=None):
+    """Ours' kernel launched directly (the arguments gdn_decode's _launch passes for one token per
+    row, no PDL, no error flag) so that a sweep can also cap registers per thread (Triton's
+    ``maxnreg``) and read the compiled kernel's registers and spills into ``info``."""
+    import triton
+    from gdn_graphs.ops.decode import _gdn_decode_kernel
+
+    def make(x, pool, rs, ws, out):
+        o = out[:, 0]
+        N = x.q.shape[0]
+        grid = (N, HV * triton.cdiv(V, BV))
+        kw = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+
+        def call():
+            ck = _gdn_decode_kernel[grid](
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool, o, None, rs, ws, None,
+                x.q.stride(0), x.k.stride(0), x.v.stride(0), x.a.stride(0), x.b.stride(0),
+                o.stride(0), pool.stride(0), 1, 1, N, pool.shape[0], K ** -0.5,
+                HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=False, **kw)
+            if info is not None and "n_regs" not in info:
+                for key in ("n_regs", "n_spills"):
+                    info[key] = getattr(ck, key, None)
+        return call
+    return make
+
+
+def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
+    """Ours with a bf16 pool at TP 1 over BF16_SWEEP's (BV, num_warps) and BF16_SWEEP_MAXNREG's
+    register caps, B in BF16_SWEEP_B; each row checked against the default config and carrying
+    the kernel's registers per thread and spills (see profiling/notes_decode_bf16.md)."""
     set_tp(1)
     rows = []
     batches = [B for B in (args.batches or BF16_SWEEP_B) if B in BF16_SWEEP_B] or list(BF16_SWEEP_B)
-    for B in batches:
-        for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP):
-            r = bench_column(bench, [("", make_ours(gdn_decode, BV=BV, num_warps=nw))], B,
-                             torch.bfloat16, budget, target)
-            r.update(BV=BV, num_warps=nw)
+    configs = [(BV, nw, None) for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP)]
+    configs += [] if args.quick else list(BF16_SWEEP_MAXNREG)
+    for B in progress(batches, desc="bf16 sweep"):
+        for BV, nw, maxnreg in configs:
+            info = {}
+            r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info))], B, torch.bfloat16,
+                             budget, target, ref_make=make_ours(gdn_decode))
+            r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, **info)
             if "TBps" in r:
-                r["ratio_to_copy"] = r["TBps"] / copy_tbps
+                r["ratio_to_copy"] = r["TBps"] / copy
             rows.append(r)
     return rows
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -757,6 +792,13 @@ def _cell(r, copy, diff=True):
     return f"{r['ms'] * 1e3:8.1f} {100 * r['TBps'] / copy:5.1f}%" + d
 
 
+def _sweep_cfg(r):
+    regs = f" {r['n_regs']}r" if r.get("n_regs") else ""
+    spill = f" {r['n_spills']}sp" if r.get("n_spills") else ""
+    cap = f" cap{r['maxnreg']}" if r.get("maxnreg") else ""
+    return f"BV {r['BV']}/{r['num_warps']}w{cap}{regs}{spill}"
+
+
 def print_columns(results):
     copy = results["copy"]["TBps"]
     cols = results.get("columns", [])
@@ -786,11 +828,14 @@ def print_columns(results):
     sw = [r for r in results.get("bf16_sweep", []) if "TBps" in r]
     for B in sorted({r["B"] for r in sw}):
         best = sorted((r for r in sw if r["B"] == B), key=lambda r: -r["TBps"])[:5]
-        print(f"bf16 sweep B={B}: " + ", ".join(
-            f"BV {r['BV']}/{r['num_warps']}w {100 * r['TBps'] / copy:.1f}%" for r in best))
-    bad = [r for r in results.get("bf16_sweep", []) if "error" in r]
-    for r in bad:
-        print(f"  bf16 sweep B={r['B']} BV {r['BV']}/{r['num_warps']}w failed: {r['error'][:150]}")
+        print(f"bf16 sweep B={B} (best 5 of {sum(r['B'] == B for r in sw)}): " + ", ".join(
+            f"{_sweep_cfg(r)} {100 * r['TBps'] / copy:.1f}%" for r in best))
+    for r in results.get("bf16_sweep", []):
+        if "error" in r:
+            print(f"  bf16 sweep B={r['B']} {_sweep_cfg(r)} failed: {r['error'][:150]}")
+        elif isinstance(r.get("rel_diff_out"), float) and r["rel_diff_out"] > 1e-2:
+            print(f"  bf16 sweep B={r['B']} {_sweep_cfg(r)}: out differs from the default config "
+                  f"by {r['rel_diff_out']:.1e}")
 
 
 def print_table(results):
@@ -839,7 +884,7 @@ def _dry_run_setup():
     load_vllm_decode), without graphs, timers that mean anything, PDL or fla."""
     import os
     global DEVICE, TP_HEADS, K, V, LAYERS, BATCHES, BATCHES_TP2, SWEEP_B, SWEEP, SWEEP_QUICK
-    global BF16_SWEEP_B, BF16_SWEEP, BF16_SWEEP_QUICK
+    global BF16_SWEEP_B, BF16_SWEEP, BF16_SWEEP_QUICK, BF16_SWEEP_MAXNREG, MIN_LAUNCHES
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
     TP_HEADS = {1: (1, 2), 2: (1, 1)}
@@ -848,6 +893,8 @@ def _dry_run_setup():
     BATCHES, BATCHES_TP2, SWEEP_B, BF16_SWEEP_B = (1, 4), (4,), (4,), (4,)
     SWEEP = SWEEP_QUICK = [(4, 1), (8, 1)]
     BF16_SWEEP = BF16_SWEEP_QUICK = [(8, 1), (16, 2)]
+    BF16_SWEEP_MAXNREG = []
+    MIN_LAUNCHES = 2
     set_tp(1)
 
 

@@ -220,3 +220,16 @@ def test_decode_dry_run_with_stand_ins(tmp_path, capsys):
     (row,) = [r for r in res["columns"] if r["column"] == "fi"]
     assert "CuTe-DSL argument error" in row["error"] and "contiguous" in row["error"]
     assert "B=1 FlashInfer: " in capsys.readouterr().out
+
+
+def test_decode_bf16_sweep_dry_run(tmp_path, capsys):
+    """The bf16 sweep launches ours' kernel directly (so it can cap registers): its rows must
+    agree with gdn_decode's default config."""
+    bd = load_script("bench_decode")
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--tp", "1",
+                   "--pools", "bf16", "--only", "ours", "--batches", "4"])
+    rows = res["bf16_sweep"]
+    assert [(r["BV"], r["num_warps"]) for r in rows] == [(8, 1), (16, 2)]
+    for r in rows:
+        assert "error" not in r and r["rel_diff_out"] < 1e-6 and r["rel_diff_state"] < 1e-6, r
+    assert "bf16 sweep B=4" in capsys.readouterr().out

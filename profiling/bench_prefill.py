@@ -574,8 +574,10 @@ def bench_fi(torch, triton, fi, case, quick, ref):
         ok = column(f"ckpt {name}", lambda name=name: fi_call(fi, x, name, use_cp=False))
         if ok:
             res[f"ckpt {name}"]["checkpoints"] = int(ck["states"].shape[0]) if ck["per"] else 0
-            if "off" in res and "ms" in res["off"]:
-                res[f"ckpt {name}"]["ckpt_cost_pct"] = 100.0 * (res[f"ckpt {name}"]["ms"] / res["off"]["ms"] - 1)
+            # against the same (non-CP) kernel without checkpoints
+            base = res.get("off_nocp") if "ms" in res.get("off_nocp", {}) else res.get("off", {})
+            if "ms" in base:
+                res[f"ckpt {name}"]["ckpt_cost_pct"] = 100.0 * (res[f"ckpt {name}"]["ms"] / base["ms"] - 1)
 
         def to_pool(name=name, ck=ck):
             fi_call(fi, x, name, use_cp=False)

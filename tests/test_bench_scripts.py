@@ -233,3 +233,23 @@ def test_decode_bf16_sweep_dry_run(tmp_path, capsys):
     for r in rows:
         assert "error" not in r and r["rel_diff_out"] < 1e-6 and r["rel_diff_state"] < 1e-6, r
     assert "bf16 sweep B=4" in capsys.readouterr().out
+
+
+def test_decode_flashinfer_b1_padded(tmp_path):
+    """A FlashInfer that refuses B = 1 gets the batch padded with one row (slot 0): the row says
+    so and still agrees with ours on the real row."""
+    bd = load_script("bench_decode")
+
+    def no_b1(**kw):
+        if kw["q"].shape[0] == 1:
+            raise TypeError("CuTe-DSL argument error (stand-in)")
+        return fake_fi_decode(**kw)
+
+    load_fi = lambda: (dict(fn=no_b1, version="stand-in"), None)  # noqa: E731
+    load_fi.dry_run_ok = True
+    bd.load_fi_decode = load_fi
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep", "--tp", "1",
+                   "--pools", "fp32", "--only", "fi", "--batches", "1"])
+    (row,) = [r for r in res["columns"] if r["column"] == "fi"]
+    assert "padded" in row["note"] and len(row["earlier_errors"]) == 2, row
+    assert row["rel_diff_out"] < 2e-2 and row["rel_diff_state"] < 1e-5, row

@@ -28,7 +28,8 @@ HK 8 / HV 16 (TP 2, --tp); read slots != write slots. For each batch size B (TP 
     the best config (fp32); with bf16 pools at B = 64, 256, 1024 a wider sweep (see
     profiling/notes_decode_bf16.md).
 Prints a table, writes DIR/bench_decode.json and DIR/bench_decode.png (if matplotlib imports).
-About 2-3 minutes on an H200 with every column (FlashInfer's compiles included).
+Estimated (not yet run): 3-5 minutes on an H200 with every column, FlashInfer's compiles and
+both sweeps included; --no-sweep saves about a minute, --quick about half.
 """
 
 from __future__ import annotations

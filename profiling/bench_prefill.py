@@ -35,7 +35,8 @@ own slot). It reports
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
 writes DIR/bench_prefill.json (date, commit, device, versions, every number) and
 DIR/bench_prefill.png (if matplotlib imports). About 1-2.5 minutes on an H200 for ours and fla at
-TP 1 (less with --quick); TP 2, vLLM and FlashInfer (its compiles) add about 1.5-2.5 minutes.
+TP 1 (measured before the other columns existed; less with --quick); TP 2, vLLM (its autotuner)
+and FlashInfer (three compiles) add an estimated 1.5-2.5 minutes (not yet run).
 """
 
 from __future__ import annotations

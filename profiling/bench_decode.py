@@ -865,6 +865,17 @@ def print_columns(results):
                                     f"(first: {'; '.join(r.get('earlier_errors', []))[:200]})")
     for line in failures:
         print("  " + line)
+    worst = {}
+    for r in cols:
+        for key in ("rel_diff_out", "rel_diff_state"):
+            if isinstance(r.get(key), float):
+                k = (r["column"], r["pool"], key)
+                worst[k] = max(worst.get(k, 0.0), r[key])
+    if worst:
+        print("largest rel diff to ours over B and tp (out / written states): " + "; ".join(
+            f"{c} {p} {worst.get((c, p, 'rel_diff_out'), float('nan')):.1e} / "
+            f"{worst.get((c, p, 'rel_diff_state'), float('nan')):.1e}"
+            for c, p in sorted({(c, p) for c, p, _ in worst})))
     sw = [r for r in results.get("bf16_sweep", []) if "TBps" in r]
     for B in sorted({r["B"] for r in sw}):
         best = sorted((r for r in sw if r["B"] == B), key=lambda r: -r["TBps"])[:5]

@@ -1,10 +1,12 @@
-"""Benchmark the chunked GDN prefill (gdn_chunk_prefill) on the device (Qwen3-Next shapes).
+"""Benchmark the chunked GDN prefill (gdn_chunk_prefill) on the device (Qwen3-Next shapes), side by
+side with fla-core, vLLM's Triton path and FlashInfer.
 
-    python3 profiling/bench_prefill.py --out DIR [--quick] [--no-fla]
+    python3 profiling/bench_prefill.py --out DIR [--quick] [--tp 1,2] [--only ours,fla,vllm,fi]
 
-Shapes: HK 16, HV 32, K = V = 128, bf16 inputs, fp32 pool; batches 1x8192, 8x2048, 4x16384 (every
-sequence fresh: read slot -1). Checkpoints off (no block boundary inside any span), on with B = 256
-and on with B = 1024 (each checkpoint into its own slot). It reports
+Shapes: K = V = 128, bf16 inputs, fp32 pool; heads HK 16 / HV 32 (TP 1) and HK 8 / HV 16 (TP 2,
+--tp); batches 1x8192, 8x2048, 4x16384 (every sequence fresh: read slot -1). Checkpoints off (no
+block boundary inside any span), on with B = 256 and on with B = 1024 (each checkpoint into its
+own slot). It reports
   * M tokens/s per layer: median of triton.testing.do_bench over the whole call (both kernels,
     persistent out and workspace as under a CUDA graph), plus each kernel alone;
   * checkpoint cost: time with checkpoints / time without - 1, in %;
@@ -13,16 +15,36 @@ and on with B = 1024 (each checkpoint into its own slot). It reports
   * fla-core's chunk_gated_delta_rule side by side when it imports (given the log decay g and
     beta = sigmoid(b) precomputed, use_qk_l2norm_in_kernel=True, cu_seqlens, final states out; it
     stores no block states), with the relative difference of its outputs and final states to ours;
+  * vLLM's Triton path (vllm.third_party.flash_linear_attention.ops.chunk_gated_delta_rule, or
+    vllm.model_executor.layers.fla.ops in older vLLM) when vLLM imports, called as vLLM calls it
+    (g, beta precomputed, l2norm in kernel, a zero initial state per sequence, chunk indices
+    precomputed), with its relative differences to ours;
+  * FlashInfer's flashinfer.gdn_prefill.chunk_gated_delta_rule when it imports (vLLM 0.26's default
+    GDN prefill on SM90). Its kernel alone: q and k l2-normalised, alpha = exp(g) and beta =
+    sigmoid(b) in fp32 precomputed outside the timing (that prep is timed on its own, "prep ms",
+    plain torch ops). Columns: no checkpoints with use_cp="auto" (what vLLM gets: the
+    context-parallel kernel when num_seqs * HV < SMs / 2), no checkpoints with use_cp=False (only
+    where auto picks CP), its own checkpoints every B = 256 / 1024 tokens into a side tensor, and
+    "pool": the same plus our scatter of its checkpoints (and final states) into the pool slots
+    ours writes, timed together (the scatter alone too). Relative differences of its outputs,
+    final states and pool states to ours. Its kernels compile on first use of a configuration
+    (8-17 s each, MLIR -> PTX): that first call is timed apart ("first call s") and kept out of
+    the medians;
   * a sweep of the launch knobs (ChunkConfig: bv, warps_seq, stages; warps_intra on the parallel
-    kernel alone) on 1x8192 with B = 256, the best three re-timed on the other two shapes.
-Prints a table last; writes DIR/bench_prefill.json (date, commit, device, numbers) and
-DIR/bench_prefill.png (if matplotlib imports). About 1-2.5 minutes on an H200 (less with --quick).
+    kernel alone) on 1x8192 with B = 256 (TP-1 heads), the best three re-timed on the other shapes.
+A column that fails prints its error in its row; the other columns go on. Prints a table last;
+writes DIR/bench_prefill.json (date, commit, device, versions, every number) and
+DIR/bench_prefill.png (if matplotlib imports). About 1-2.5 minutes on an H200 for ours and fla at
+TP 1 (measured before the other columns existed; less with --quick); TP 2, vLLM (its autotuner)
+and FlashInfer (three compiles) add an estimated 1.5-2.5 minutes (not yet run).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import importlib
 import inspect
 import json
 import subprocess
@@ -33,16 +55,54 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-HK, HV, K, V = 16, 32, 128, 128
+TP_HEADS = {1: (16, 32), 2: (8, 16)}  # (HK, HV) per tensor-parallel degree of Qwen3-Next
+HK, HV, K, V = 16, 32, 128, 128       # the heads of the TP degree being run (set_tp)
 SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
 MODES = [("off", None), ("B=256", 256), ("B=1024", 1024)]
+COLUMNS = ("ours", "fla", "vllm", "fi")
 # a multiple of 64 beyond every position and below the kernels' cap on positions and block sizes
 # (gdn_graphs.ops.common.MAX_POS = 2**30, not imported here: triton must load after --cpu-dry-run)
-OFF_BLOCK = (1 << 30) - 64
+OFF_BLOCK = 1 << 29
 SWEEP = [dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (2, 3)]
 MiB = 1 << 20
 DEVICE = "cuda"  # --cpu-dry-run switches to the CPU (Triton interpreter) and tiny shapes
+
+
+def _int_list(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}")
+
+
+def _tp_list(text):
+    tps = _int_list(text)
+    bad = [t for t in tps if t not in TP_HEADS]
+    if bad or not tps:
+        raise argparse.ArgumentTypeError(f"--tp takes some of {sorted(TP_HEADS)}, got {text!r}")
+    return tps
+
+
+def _columns(text):
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in cols if c not in COLUMNS]
+    if bad or not cols:
+        raise argparse.ArgumentTypeError(f"--only takes some of {','.join(COLUMNS)}, got {text!r}")
+    return cols
+
+
+def _shapes(text):
+    out = []
+    for item in text.split(","):
+        try:
+            n, L = item.lower().split("x")
+            out.append((int(n), int(L)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"shapes are NSEQxLEN separated by commas, got {item!r}")
+        if out[-1][0] < 1 or out[-1][1] < 64 or out[-1][1] % 64:
+            raise argparse.ArgumentTypeError(f"need NSEQ >= 1 and LEN a positive multiple of 64, got {item!r}")
+    return out
 
 
 def parse_args(argv=None):
@@ -50,14 +110,38 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--out", required=True, type=Path, help="directory for bench_prefill.json / .png")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and a smaller knob sweep")
+    p.add_argument("--tp", type=_tp_list, default=[1, 2], metavar="1,2",
+                   help="tensor-parallel head counts to run: 1 = HK 16 / HV 32, 2 = HK 8 / HV 16 "
+                        "(default both)")
+    p.add_argument("--only", type=_columns, default=list(COLUMNS), metavar=",".join(COLUMNS),
+                   help="columns to time (default all; ours is always run once, untimed, as the "
+                        "reference of the differences)")
+    p.add_argument("--shapes", type=_shapes, default=None, metavar="1x8192,8x2048",
+                   help="batches NSEQxLEN (default 1x8192,8x2048,4x16384)")
     p.add_argument("--no-fla", action="store_true", help="skip the fla-core comparison")
+    p.add_argument("--no-vllm", action="store_true", help="skip vLLM's Triton path")
+    p.add_argument("--no-fi", action="store_true", help="skip FlashInfer")
     p.add_argument("--no-sweep", action="store_true", help="skip the launch-knob sweep")
     p.add_argument("--sweep-only", action="store_true", help="only the launch-knob sweep")
     p.add_argument("--sweep-worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="check the bookkeeping on the CPU (Triton interpreter, tiny shapes, wall-clock "
-                        "timer, no fla); the numbers mean nothing")
-    return p.parse_args(argv)
+                        "timer, no fla/vLLM/FlashInfer); the numbers mean nothing")
+    args = p.parse_args(argv)
+    for name in ("fla", "vllm", "fi"):
+        if getattr(args, f"no_{name}") and name in args.only:
+            args.only.remove(name)
+    return args
+
+
+def set_tp(tp):
+    """Switch the module's head counts to those of tensor-parallel degree ``tp``."""
+    global HK, HV
+    HK, HV = TP_HEADS[tp]
+
+
+def shape_name(nseq, L, tp):
+    return f"{nseq}x{L}" + ("" if tp == 1 else f" tp{tp}")
 
 
 def git_commit():
@@ -75,6 +159,16 @@ def log(msg, t0=[time.time()]):  # noqa: B006 - a start time shared by all calls
     print(f"[{time.time() - t0[0]:6.1f}s] {msg}", flush=True)
 
 
+def err_text(e, n=300):
+    return f"{e.__class__.__name__}: {str(e)[:n]}"
+
+
+def rel(x, y):
+    """||x - y|| / ||y|| in fp32 (nan when y is all zeros)."""
+    x, y = x.float(), y.float()
+    return ((x - y).norm() / y.norm()).item()
+
+
 # ---------------------------------------------------------------------------------------------
 # setup
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +181,7 @@ class Case:
         from gdn_graphs.ops.meta import chunk_meta, num_checkpoints
 
         self.nseq, self.L, self.T = nseq, L, nseq * L
+        self.HK, self.HV = HK, HV
         dev = DEVICE
         gen = torch.Generator(device=dev).manual_seed(seed)
         T = self.T
@@ -101,13 +196,15 @@ class Case:
         self.A_log = torch.log(torch.empty(HV, device=dev).uniform_(1, 16, generator=gen))
         self.dt_bias = torch.randn(HV, device=dev, generator=gen) * 0.5
         need = max(num_checkpoints(0, L, B or OFF_BLOCK) for _, B in MODES) + 1
+        self.need = need
         self.pool = torch.zeros(nseq * need, HV, V, K, device=dev)
-        self.metas = {}
+        self.metas, self.slots = {}, {}
         for name, B in MODES:
             Bk = B or OFF_BLOCK
             nck = num_checkpoints(0, L, Bk)
             writes = [i * need for i in range(nseq)]
             ckpts = [[i * need + 1 + e for e in range(nck)] for i in range(nseq)]
+            self.slots[name] = (writes, ckpts)  # host copies: FlashInfer's pool column scatters to them
             self.metas[name] = chunk_meta([L] * nseq, [0] * nseq, [-1] * nseq, writes, ckpts, Bk, device=dev)
         self.out = torch.empty(T, HV, V, device=dev, dtype=bf)
         self.ws = ChunkWorkspace(T, HV, K, V, bf, dev, HK=HK)
@@ -169,7 +266,7 @@ def bench_ours(torch, triton, case, quick, cfg=None):
         ms_intra = bench_ms(triton, intra, quick)
         ck = intra()
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd(
-            case.out, case.pool, case.ws, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+            case.out, case.pool, case.ws, meta, case.HK, bv=cfg.bv, num_warps=cfg.warps_seq,
             num_stages=cfg.stages_for(torch.bfloat16), dot_precision="tf32"), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()),
@@ -226,6 +323,291 @@ def bench_fla(torch, triton, fla_fn, case, quick):
     rel = lambda x, y: ((x.float() - y.float()).norm() / y.float().norm()).item()  # noqa: E731
     res["rel_diff_out"] = rel(case.out, o[0])
     res["rel_diff_state"] = rel(ours_state, ht.transpose(-1, -2))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# ours as the reference of every comparison
+# ---------------------------------------------------------------------------------------------
+
+def ours_reference(torch, case):
+    """Ours without checkpoints: out [T, HV, V] and final states [nseq, HV, V, K] (clones)."""
+    from gdn_graphs.ops.chunk import gdn_chunk_prefill
+    meta = case.metas["off"]
+    gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws)
+    writes, _ = case.slots["off"]
+    idx = torch.tensor(writes, device=DEVICE, dtype=torch.long)
+    return dict(out=case.out.clone(), state=case.pool.index_select(0, idx))
+
+
+def state_diffs(state, ref):
+    """Relative difference of states [.., HV, V, K] to ours, as given and with the last two dims
+    swapped (the layout that matches shows the small number)."""
+    return dict(rel_diff_state=rel(state, ref), rel_diff_state_T=rel(state.transpose(-1, -2), ref))
+
+
+def first_call_s(torch, fn):
+    """Wall-clock seconds of one call, synchronised (a kernel's compile on first use)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    res = fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, res
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's Triton path
+# ---------------------------------------------------------------------------------------------
+
+VLLM_FLA_MODULES = ("vllm.third_party.flash_linear_attention.ops",  # vLLM 0.26
+                    "vllm.model_executor.layers.fla.ops")            # older vLLM
+
+
+def load_vllm():
+    """vLLM's Triton chunk_gated_delta_rule and its module, or (None, reason)."""
+    errs = []
+    for mod in VLLM_FLA_MODULES:
+        try:
+            m = importlib.import_module(mod)
+            fn = m.chunk_gated_delta_rule
+        except Exception as e:  # noqa: BLE001 - optional
+            errs.append(f"{mod}: {err_text(e, 150)}")
+            continue
+        try:
+            import vllm
+            ver = getattr(vllm, "__version__", "?")
+        except Exception:  # noqa: BLE001
+            ver = "?"
+        return dict(fn=fn, module=mod, version=ver), None
+    return None, "; ".join(errs)
+
+
+def bench_vllm(torch, triton, vl, case, quick, ref):
+    import torch.nn.functional as F
+    fn, T = vl["fn"], case.T
+    q = case.q.contiguous().unsqueeze(0)
+    k = case.k.contiguous().unsqueeze(0)
+    v = case.v.contiguous().unsqueeze(0)
+    g = (-torch.exp(case.A_log) * F.softplus(case.a.float() + case.dt_bias)).unsqueeze(0)
+    beta = torch.sigmoid(case.b.float()).to(case.b.dtype).unsqueeze(0)
+    cu = torch.arange(0, T + 1, case.L, device=DEVICE, dtype=torch.int32)
+    h0 = torch.zeros(case.nseq, case.HV, V, K, device=DEVICE)  # vLLM passes the gathered states
+    kw = dict(scale=K ** -0.5, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+              use_qk_l2norm_in_kernel=True)
+    params = inspect.signature(fn).parameters
+    notes = []
+    if "chunk_indices" in params:  # vLLM builds these once per step in its attention metadata
+        try:
+            idx = importlib.import_module(vl["module"] + ".index")
+            kw["chunk_indices"] = idx.prepare_chunk_indices(cu, 64)
+            if "chunk_offsets" in params:
+                kw["chunk_offsets"] = idx.prepare_chunk_offsets(cu, 64)
+        except Exception as e:  # noqa: BLE001 - then the function builds them itself
+            notes.append(f"chunk indices not precomputed: {err_text(e, 120)}")
+
+    def call():
+        return fn(q, k, v, g, beta, **kw)
+
+    t_first, _ = first_call_s(torch, call)
+    for _ in range(2):  # its autotuner runs on the first calls
+        call()
+    ms = bench_ms(triton, call, quick)
+    o, ht = call()
+    res = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first, notes=notes,
+               rel_diff_out=rel(o[0], ref["out"]))
+    res.update(state_diffs(ht, ref["state"]))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer
+# ---------------------------------------------------------------------------------------------
+
+def load_fi():
+    """FlashInfer's GDN prefill (and its version), or (None, reason)."""
+    try:
+        import flashinfer
+        from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 - optional
+        return None, err_text(e)
+    return dict(prefill=chunk_gated_delta_rule, version=getattr(flashinfer, "__version__", "?")), None
+
+
+@functools.lru_cache(maxsize=None)
+def _scatter_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scatter_states(src, dst, src_idx, dst_idx, N_ELEM: tl.constexpr, BLOCK: tl.constexpr):
+        """dst[dst_idx[i]] = src[src_idx[i]] for whole states of N_ELEM elements (contiguous)."""
+        i, j = tl.program_id(0), tl.program_id(1)
+        s = tl.load(src_idx + i).to(tl.int64)
+        d = tl.load(dst_idx + i).to(tl.int64)
+        o = j * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + d * N_ELEM + o, tl.load(src + s * N_ELEM + o))
+
+    return scatter_states
+
+
+def scatter_states(src, dst, src_idx, dst_idx):
+    """Copy whole states src[src_idx[i]] -> dst[dst_idx[i]] (both [n, HV, V, K] contiguous): one
+    read and one write per state, the cheapest way to land FlashInfer's checkpoints in slots."""
+    n = src_idx.numel()
+    if n == 0:
+        return
+    n_elem = src[0].numel()
+    block = min(4096, n_elem)
+    assert n_elem % block == 0 and src.is_contiguous() and dst.is_contiguous()
+    _scatter_kernel()[(n, n_elem // block)](src, dst, src_idx, dst_idx, N_ELEM=n_elem, BLOCK=block,
+                                             num_warps=4)
+
+
+class FiInputs:
+    """FlashInfer's inputs for one case: q, k l2-normalised (its SM90 kernel does not normalise:
+    use_qk_l2norm_in_kernel is not passed on), v contiguous, alpha = exp(g) and beta = sigmoid(b)
+    in fp32 [T, HV], cu_seqlens int64; preallocated out, final states and checkpoints."""
+
+    def __init__(self, torch, case):
+        self.torch, self.case = torch, case
+        self.prep()
+        T, nseq = case.T, case.nseq
+        self.cu = torch.arange(0, T + 1, case.L, device=DEVICE, dtype=torch.int64)
+        self.out = torch.empty(T, case.HV, V, device=DEVICE, dtype=torch.bfloat16)
+        self.state = torch.empty(nseq, case.HV, V, K, device=DEVICE)
+        self.ckpt = {}
+        for name, B in MODES[1:]:
+            per = case.L // B  # FlashInfer stores seq_len // B checkpoints per sequence
+            self.ckpt[name] = dict(
+                per=per,
+                states=torch.empty(max(1, nseq * per), case.HV, V, K, device=DEVICE),
+                cu=torch.arange(0, nseq * per + 1, max(per, 1), device=DEVICE,
+                                dtype=torch.int64)[:nseq + 1] if per else
+                torch.zeros(nseq + 1, device=DEVICE, dtype=torch.int64))
+            # ours' checkpoint slots, in order, and where FlashInfer put the same states: ours
+            # stores the boundaries strictly inside a span, FlashInfer every multiple of B up to
+            # the end (the last equals the final state when B divides the length)
+            writes, ckpts = case.slots[name]
+            src = [i * per + e for i, row in enumerate(ckpts) for e in range(len(row))]
+            dst = [s for row in ckpts for s in row]
+            self.ckpt[name].update(
+                src=torch.tensor(src, device=DEVICE, dtype=torch.int32),
+                dst=torch.tensor(dst, device=DEVICE, dtype=torch.int32))
+        self.seq_idx = torch.arange(nseq, device=DEVICE, dtype=torch.int32)
+        self.write_idx = torch.tensor(case.slots["off"][0], device=DEVICE, dtype=torch.int32)
+
+    def prep(self):
+        """What a caller does before FlashInfer's kernel (vLLM: l2norm_fwd, exp, .contiguous())."""
+        torch, c = self.torch, self.case
+        import torch.nn.functional as F
+
+        def l2n(x):
+            x = x.float()
+            return (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+
+        self.q = l2n(c.q).contiguous()
+        self.k = l2n(c.k).contiguous()
+        self.v = c.v.contiguous()
+        self.alpha = torch.exp(-torch.exp(c.A_log) * F.softplus(c.a.float() + c.dt_bias)).contiguous()
+        self.beta = torch.sigmoid(c.b.float()).contiguous()
+
+
+def fi_call(fi, x, mode=None, use_cp="auto"):
+    """One FlashInfer prefill on FiInputs x; mode None: no checkpoints, else MODES' name."""
+    kw = dict(g=x.alpha, beta=x.beta, scale=K ** -0.5, initial_state=None,
+              output_final_state=True, cu_seqlens=x.cu, output=x.out, output_state=x.state)
+    if mode is not None:
+        ck = x.ckpt[mode]
+        kw.update(state_checkpoints=ck["states"], checkpoint_cu_starts=ck["cu"],
+                  checkpoint_every_n_tokens=dict(MODES)[mode])
+    if fi.get("has_use_cp", True):
+        kw["use_cp"] = use_cp
+    return fi["prefill"](x.q, x.k, x.v, **kw)
+
+
+def fi_cp_auto(torch, nseq, hv):
+    """Whether FlashInfer's use_cp="auto" routes a checkpoint-free call to its CP kernel (its
+    heuristic in gdn_prefill.py: SM90 and num_seqs * num_heads < SMs / 2)."""
+    if DEVICE != "cuda":
+        return False
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return props.major == 9 and nseq * hv < max(1, props.multi_processor_count // 2)
+
+
+def bench_fi(torch, triton, fi, case, quick, ref):
+    """FlashInfer's columns for one case (each caught on its own: its error lands in its row)."""
+    from gdn_graphs.ops.chunk import gdn_chunk_prefill
+    T = case.T
+    fi = dict(fi, has_use_cp="use_cp" in inspect.signature(fi["prefill"]).parameters)
+    x = FiInputs(torch, case)
+    res = dict(cp_auto=fi_cp_auto(torch, case.nseq, case.HV))
+    try:
+        res["prep_ms"] = bench_ms(triton, x.prep, quick)
+    except Exception as e:  # noqa: BLE001
+        res["prep_error"] = err_text(e)
+
+    def column(key, fn):
+        try:
+            t_first, _ = first_call_s(torch, fn)
+            ms = bench_ms(triton, fn, quick)
+            res[key] = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first)
+        except Exception as e:  # noqa: BLE001 - e.g. a CuTe-DSL compile or argument error
+            res[key] = dict(error=err_text(e))
+        return "error" not in res[key]
+
+    if column("off", lambda: fi_call(fi, x)):
+        fi_call(fi, x)
+        r = res["off"]
+        r["path"] = "cp" if res["cp_auto"] else "non-cp"
+        r["rel_diff_out"] = rel(x.out, ref["out"])
+        r.update(state_diffs(x.state, ref["state"]))
+        if "prep_ms" in res:
+            r["Mtok_s_incl_prep"] = mtok(T, r["ms"] + res["prep_ms"])
+    if res["cp_auto"] and fi["has_use_cp"] and column("off_nocp", lambda: fi_call(fi, x, use_cp=False)):
+        fi_call(fi, x, use_cp=False)
+        r = res["off_nocp"]
+        r["path"] = "non-cp"
+        r["rel_diff_out"] = rel(x.out, ref["out"])
+        r.update(state_diffs(x.state, ref["state"]))
+    pool = torch.zeros_like(case.pool)
+    for name, _ in MODES[1:]:
+        ck = x.ckpt[name]
+        ok = column(f"ckpt {name}", lambda name=name: fi_call(fi, x, name, use_cp=False))
+        if ok:
+            res[f"ckpt {name}"]["checkpoints"] = int(ck["states"].shape[0]) if ck["per"] else 0
+            # against the same (non-CP) kernel without checkpoints
+            base = res.get("off_nocp") if "ms" in res.get("off_nocp", {}) else res.get("off", {})
+            if "ms" in base:
+                res[f"ckpt {name}"]["ckpt_cost_pct"] = 100.0 * (res[f"ckpt {name}"]["ms"] / base["ms"] - 1)
+
+        def to_pool(name=name, ck=ck):
+            fi_call(fi, x, name, use_cp=False)
+            scatter_states(ck["states"], pool, ck["src"], ck["dst"])
+            scatter_states(x.state, pool, x.seq_idx, x.write_idx)
+
+        if not ok:
+            res[f"pool {name}"] = dict(error="not run (its checkpoint column failed)")
+            continue
+        if column(f"pool {name}", to_pool):
+            r = res[f"pool {name}"]
+            r["slots_written"] = int(ck["dst"].numel() + x.write_idx.numel())
+            try:
+                r["ms_scatter"] = bench_ms(triton, lambda ck=ck: (
+                    scatter_states(ck["states"], pool, ck["src"], ck["dst"]),
+                    scatter_states(x.state, pool, x.seq_idx, x.write_idx)), quick)
+                pool.zero_()
+                to_pool()
+                # ours into the same slots of its own pool, then compare slot by slot
+                gdn_chunk_prefill(*case.args(), case.metas[name], out=case.out, workspace=case.ws)
+                idx = torch.cat([ck["dst"], x.write_idx]).long()
+                r.update({k.replace("state", "pool"): d for k, d in
+                          state_diffs(pool.index_select(0, idx), case.pool.index_select(0, idx)).items()})
+                r["rel_diff_out"] = rel(x.out, case.out)
+            except Exception as e:  # noqa: BLE001
+                r["check_error"] = err_text(e)
+    del pool, x
     return res
 
 
@@ -296,6 +678,26 @@ def sweep(args):
 # output
 # ---------------------------------------------------------------------------------------------
 
+def _get(entry, *path):
+    """entry[path...]['Mtok_s'] or 0.0 where absent or failed."""
+    for p in path:
+        entry = (entry or {}).get(p) or {}
+    return entry.get("Mtok_s", 0.0) if isinstance(entry, dict) else 0.0
+
+
+def plot_series(results):
+    """(label, f(shape entry) -> M tok/s) for every column present in the results."""
+    entries = list(results["shapes"].values())
+    series = [(f"ours, ckpt {m}", lambda e, m=m: _get(e, "ours", m)) for m, _ in MODES]
+    series = [s for s in series if any(s[1](e) for e in entries)]
+    extra = [("fla chunk_gated_delta_rule (no ckpt)", lambda e: _get(e, "fla")),
+             ("vLLM Triton (no ckpt)", lambda e: _get(e, "vllm")),
+             ("FlashInfer, no ckpt (auto)", lambda e: _get(e, "fi", "off")),
+             (f"FlashInfer, own ckpt {MODES[1][0]}", lambda e: _get(e, "fi", f"ckpt {MODES[1][0]}")),
+             (f"FlashInfer + scatter to slots, {MODES[1][0]}", lambda e: _get(e, "fi", f"pool {MODES[1][0]}"))]
+    return series + [s for s in extra if any(s[1](e) for e in entries)]
+
+
 def plot(path, results):
     try:
         import matplotlib
@@ -304,22 +706,20 @@ def plot(path, results):
     except Exception:  # noqa: BLE001 - optional
         return False
     shapes = list(results["shapes"])
-    series = [(f"ours, ckpt {m}", lambda s, m=m: results["shapes"][s]["ours"][m]["Mtok_s"]) for m, _ in MODES]
-    if any("fla" in results["shapes"][s] and "Mtok_s" in results["shapes"][s]["fla"] for s in shapes):
-        series.append(("fla chunk_gated_delta_rule (no ckpt)",
-                       lambda s: results["shapes"][s].get("fla", {}).get("Mtok_s", 0.0)))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw=dict(width_ratios=[1.2, 1]))
+    series = plot_series(results)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.8), gridspec_kw=dict(width_ratios=[1.8, 1]))
     ax = axes[0]
-    w = 0.8 / len(series)
+    w = 0.8 / max(1, len(series))
     for i, (label, f) in enumerate(series):
         xs = [j + i * w for j in range(len(shapes))]
-        ax.bar(xs, [f(s) for s in shapes], w, label=label)
+        ax.bar(xs, [f(results["shapes"][s]) for s in shapes], w, label=label)
     ax.axhline(16, color="k", ls="--", lw=0.8, label="goal 16 M tok/s")
     ax.set_xticks([j + 0.4 - w / 2 for j in range(len(shapes))])
-    ax.set_xticklabels(shapes)
+    ax.set_xticklabels(shapes, fontsize=8)
     ax.set_ylabel("M tokens/s per layer")
-    ax.set_title(f"GDN chunked prefill, HV {HV}, K = V = {K}, bf16 ({results['device']})", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title(f"GDN chunked prefill, K = V = {K}, bf16 ({results['device']}); "
+                 f"tp1: HV 32, tp2: HV 16", fontsize=9)
+    ax.legend(fontsize=6)
     ax = axes[1]
     rows = [r for r in results.get("sweep", {}).get("seq", []) if "Mtok_s" in r]
     ax.bar(range(len(rows)), [r["Mtok_s"] for r in rows])
@@ -329,35 +729,91 @@ def plot(path, results):
     ax.set_title("launch-knob sweep", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return True
+
+
+def _fmt_diffs(r, keys=(("out", "rel_diff_out"), ("state", "rel_diff_state"),
+                        ("state^T", "rel_diff_state_T"), ("pool", "rel_diff_pool"),
+                        ("pool^T", "rel_diff_pool_T"))):
+    parts = [f"{label} {r[key]:.1e}" for label, key in keys if isinstance(r.get(key), float)]
+    return ("rel diff to ours: " + ", ".join(parts)) if parts else ""
+
+
+def format_row(shape, label, r, ours_ms=None):
+    """One table row: shape, label, ms, M tok/s, speed relative to ours (no checkpoints), notes;
+    a failed column prints its error instead."""
+    if not r:
+        return f"{shape:>12} {label:>16} n/a"
+    if "ms" not in r:
+        return f"{shape:>12} {label:>16} failed: {r.get('error', '?')}"
+    vs = f"{ours_ms / r['ms']:6.2f}x" if ours_ms else f"{'':>7}"
+    notes = [n for n in (
+        f"first call {r['first_call_s']:.1f} s" if "first_call_s" in r else "",
+        f"path {r['path']}" if "path" in r else "",
+        f"ckpt cost {r['ckpt_cost_pct']:+.1f}%" if "ckpt_cost_pct" in r else "",
+        f"scatter {r['ms_scatter']:.3f} ms" if "ms_scatter" in r else "",
+        f"incl. prep {r['Mtok_s_incl_prep']:.2f} Mtok/s" if "Mtok_s_incl_prep" in r else "",
+        _fmt_diffs(r), r.get("check_error", "")) if n]
+    return f"{shape:>12} {label:>16} {r['ms']:8.3f} {r['Mtok_s']:8.2f} {vs}  " + "; ".join(notes)
 
 
 def print_table(results, sweep_only=False):
     if sweep_only:
         return _print_sweep(results)
     print()
-    print(f"GDN chunked prefill, HK {HK}, HV {HV}, K = V = {K}, bf16 inputs, fp32 pool -- {results['device']}")
-    hdr = (f"{'shape':>8} {'mode':>7} {'ms':>8} {'Mtok/s':>8} {'intra ms':>9} {'seq ms':>8} {'ckpts':>6} "
+    print(f"GDN chunked prefill, K = V = {K}, bf16 inputs, fp32 pool -- {results['device']}")
+    print("ours' detail (intra / seq: each kernel alone)")
+    hdr = (f"{'shape':>12} {'mode':>7} {'ms':>8} {'Mtok/s':>8} {'intra ms':>9} {'seq ms':>8} {'ckpts':>6} "
            f"{'ckpt cost':>9}")
     print(hdr)
     print("-" * len(hdr))
     for shape, r in results["shapes"].items():
         for m, _ in MODES:
-            o = r["ours"][m]
+            o = r.get("ours", {}).get(m)
+            if not o:
+                continue
             cost = f"{o['ckpt_cost_pct']:+8.2f}%" if "ckpt_cost_pct" in o else ""
-            print(f"{shape:>8} {m:>7} {o['ms']:8.3f} {o['Mtok_s']:8.2f} {o['ms_intra']:9.3f} {o['ms_seq']:8.3f} "
+            print(f"{shape:>12} {m:>7} {o['ms']:8.3f} {o['Mtok_s']:8.2f} {o['ms_intra']:9.3f} {o['ms_seq']:8.3f} "
                   f"{o['checkpoints']:6d} {cost:>9}")
-        f = r.get("fla")
-        if f and "ms" in f:
-            print(f"{shape:>8} {'fla':>7} {f['ms']:8.3f} {f['Mtok_s']:8.2f}   (rel diff to ours: out "
-                  f"{f['rel_diff_out']:.1e}, state {f['rel_diff_state']:.1e}; "
-                  f"peak extra {f['peak_extra_MiB']:.0f} MiB)")
-        elif f:
-            print(f"{shape:>8} {'fla':>7} failed: {f.get('error')}")
-        print(f"{shape:>8} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
-              f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
-    if results.get("fla_error"):
-        print(f"fla-core not compared: {results['fla_error']}")
+        if "peak_extra_MiB" in r.get("ours", {}):
+            print(f"{shape:>12} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
+                  f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
+    print("\nside by side (vs ours: ours' time at the same checkpoint mode / this column's, > 1: "
+          "faster than ours; the no-checkpoint columns against ours off)")
+    hdr = f"{'shape':>12} {'column':>16} {'ms':>8} {'Mtok/s':>8} {'vs ours':>7}  notes"
+    print(hdr)
+    print("-" * 100)
+    for shape, r in results["shapes"].items():
+        if "error" in r:
+            print(f"{shape:>12} failed: {r['error']}")
+            continue
+        ours = r.get("ours", {})
+
+        def ours_ms(key):
+            mode = key.split()[-1]
+            return ours.get(mode if mode in dict(MODES) else "off", {}).get("ms")
+
+        for m, _ in MODES:
+            if m in ours:
+                print(format_row(shape, f"ours {m}", ours[m], ours_ms("off")))
+        for col, label in (("fla", "fla"), ("vllm", "vLLM Triton")):
+            if col in r:
+                print(format_row(shape, label, r[col], ours_ms("off")))
+        fi = r.get("fi")
+        if fi and "error" in fi:
+            print(format_row(shape, "FlashInfer", fi))
+        elif fi:
+            prep = f"{fi['prep_ms']:.3f} ms" if "prep_ms" in fi else fi.get("prep_error", "?")
+            keys = ["off", "off_nocp"] + [f"{kind} {m}" for m, _ in MODES[1:] for kind in ("ckpt", "pool")]
+            for key in keys:
+                if key in fi:
+                    print(format_row(shape, f"FI {key}", fi[key], ours_ms(key)))
+            print(f"{shape:>12} {'FI prep':>16} {prep} (l2norm q, k; exp(g), sigmoid(b) in fp32; "
+                  f"not in the FI rows)")
+    for col in ("fla", "vllm", "fi"):
+        if results.get(f"{col}_error"):
+            print(f"{col}: not compared: {results[f'{col}_error']}")
     _print_sweep(results)
 
 
@@ -374,21 +830,32 @@ def _print_sweep(results):
 
 def _dry_run_setup():
     """Tiny shapes on the CPU under the Triton interpreter: exercises every code path of this
-    script except the GPU timers, the memory counters and fla."""
+    script except the GPU timers, the memory counters and fla/vLLM/FlashInfer (a test may hand in
+    stand-ins for those through load_fla / load_vllm / load_fi)."""
     import os
-    global DEVICE, HK, HV, K, V, SHAPES, MODES, SWEEP, SWEEP_QUICK
+    global DEVICE, HK, HV, K, V, SHAPES, MODES, SWEEP, SWEEP_QUICK, TP_HEADS
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
+    TP_HEADS = {1: (1, 2), 2: (1, 1)}
     HK, HV, K, V = 1, 2, 32, 32
     SHAPES = [(1, 192), (2, 64), (1, 256)]
     MODES = [("off", None), ("B=256", 64), ("B=1024", 128)]
     SWEEP = SWEEP_QUICK = [dict(bv=16, warps_seq=4, stages=2), dict(bv=32, warps_seq=4, stages=3)]
 
 
+def _load_optional(args, name, loader):
+    if name not in args.only:
+        return None, "skipped (not in --only / --no-" + name + ")"
+    if args.cpu_dry_run and not getattr(loader, "dry_run_ok", False):
+        return None, "skipped (--cpu-dry-run)"
+    return loader()
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.cpu_dry_run:
         _dry_run_setup()
+    shapes = args.shapes or SHAPES
     import torch
     import triton
 
@@ -407,34 +874,60 @@ def main(argv=None):
         date=datetime.datetime.now().isoformat(timespec="seconds"), commit=git_commit(),
         device=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)",
         torch=torch.__version__, triton=triton.__version__,
-        dims=dict(HK=HK, HV=HV, K=K, V=V, dtype="bfloat16", pool="float32"),
-        default_config=DEFAULT_CONFIG.__dict__, quick=args.quick, shapes={},
+        dims=dict(K=K, V=V, dtype="bfloat16", pool="float32",
+                  heads={f"tp{tp}": dict(HK=TP_HEADS[tp][0], HV=TP_HEADS[tp][1]) for tp in args.tp}),
+        default_config=DEFAULT_CONFIG.__dict__, quick=args.quick, tp=args.tp, only=args.only,
+        argv=sys.argv[1:] if argv is None else list(argv), shapes={},
     )
-    fla_fn, fla_err = (None, "skipped (--no-fla)") if args.no_fla or args.cpu_dry_run else load_fla()
+    fla_fn, results["fla_error"] = _load_optional(args, "fla", load_fla)
     if fla_fn is not None:
         try:
             import fla
             results["fla_version"] = getattr(fla, "__version__", "?")
         except Exception:  # noqa: BLE001
             pass
-    results["fla_error"] = fla_err
+    vl, results["vllm_error"] = _load_optional(args, "vllm", load_vllm)
+    if vl is not None:
+        results["vllm_version"], results["vllm_module"] = vl["version"], vl["module"]
+    fi, results["fi_error"] = _load_optional(args, "fi", load_fi)
+    if fi is not None:
+        results["fi_version"] = fi["version"]
+    log("columns: " + ", ".join(f"{c}: {'yes' if ok else results.get(c + '_error')}" for c, ok in
+                                (("ours", "ours" in args.only), ("fla", fla_fn), ("vllm", vl), ("fi", fi))))
     torch.set_grad_enabled(False)
-    cases = {}
-    for nseq, L in SHAPES:
-        name = f"{nseq}x{L}"
-        case = cases[(nseq, L)] = Case(torch, nseq, L)
-        log(f"{name}: ours")
-        entry = dict(ours=bench_ours(torch, triton, case, args.quick))
-        if fla_fn is not None:
-            log(f"{name}: fla")
-            try:
-                entry["fla"] = bench_fla(torch, triton, fla_fn, case, args.quick)
-            except Exception as e:  # noqa: BLE001 - report, do not die
-                entry["fla"] = dict(error=f"{e.__class__.__name__}: {str(e)[:300]}")
-        results["shapes"][name] = entry
     json_path = args.out / "bench_prefill.json"
-    json_path.write_text(json.dumps(results, indent=1, default=str))  # kept if the sweep dies
-    del cases
+    for tp in args.tp:
+        set_tp(tp)
+        for nseq, L in shapes:
+            name = shape_name(nseq, L, tp)
+            entry = dict(tp=tp, HK=HK, HV=HV, nseq=nseq, L=L)
+            try:
+                case = Case(torch, nseq, L)
+                ref = ours_reference(torch, case)
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory: the next shape may fit
+                entry["error"] = err_text(e)
+                results["shapes"][name] = entry
+                log(f"{name}: setup failed: {entry['error']}")
+                continue
+            if "ours" in args.only:
+                log(f"{name}: ours")
+                entry["ours"] = bench_ours(torch, triton, case, args.quick)
+            for col, ok, fn in (("fla", fla_fn, lambda: bench_fla(torch, triton, fla_fn, case, args.quick)),
+                                ("vllm", vl, lambda: bench_vllm(torch, triton, vl, case, args.quick, ref)),
+                                ("fi", fi, lambda: bench_fi(torch, triton, fi, case, args.quick, ref))):
+                if ok is None:
+                    continue
+                log(f"{name}: {col}")
+                try:
+                    entry[col] = fn()
+                except Exception as e:  # noqa: BLE001 - report, do not die
+                    entry[col] = dict(error=err_text(e))
+            results["shapes"][name] = entry
+            json_path.write_text(json.dumps(results, indent=1, default=str))  # kept if a later step dies
+            del case, ref
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    set_tp(1)
     if not args.no_sweep:
         log("knob sweep (child processes)")
         results["sweep"] = sweep(args)
@@ -444,6 +937,7 @@ def main(argv=None):
     wrote = plot(png, results)
     print(f"wrote {json_path}" + (f" and {png}" if wrote else " (no matplotlib: no plot)"))
     print_table(results)
+    return results
 
 
 if __name__ == "__main__":

@@ -9,7 +9,12 @@
 # random plans). .whl holds wheels the GPU image lacks (nvtx, fla-core) for Python 3.12; see
 # profiling/README.md. OLD=DIR runs bench/demo from another tree (DIR holds its gdn_graphs and
 # profiling/) with results under $W/old: a before/after comparison in one session
-# (OLD_BENCHES="" skips its benchmarks).
+# (OLD_BENCHES="" skips its benchmarks). DECODE_ARGS / PREFILL_ARGS are added to the bench
+# scripts' command lines (e.g. PREFILL_ARGS="--tp 1 --only ours,fi"); BENCH_TIMEOUT is per script.
+# FlashInfer: when /tmp/fisite exists (unpacked in earlier calls of the same warm machine by
+# .stage/fi1/unpack.sh and .stage/fi2/unpack.sh, made by ../shared/tools/flashinfer_stage.sh),
+# PYTHONPATH gains it and its CuTe-DSL package, and the benches add FlashInfer's columns; vLLM's
+# columns appear when vLLM imports (vllm_stage.sh's parts unpacked into /tmp/site).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; W=/tmp/session; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -17,6 +22,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
 fi
+if [ -d /tmp/fisite ]; then
+  # the CuTe-DSL package is found through a .pth file, which PYTHONPATH does not read
+  export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages
+fi
+echo "PYTHONPATH=$PYTHONPATH"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git rev-parse --short HEAD; } > "$W/gpu.txt" 2>&1
 summary=()
 for what in ${@:-tests bench}; do
@@ -27,9 +37,10 @@ for what in ${@:-tests bench}; do
            grep -E "^(PASSED|FAILED|ERROR)|speedup|passed|failed" "$W/gpu_tests.log" | tail -30 ;;
     bench) rc=0
            for b in ${BENCHES:-bench_decode bench_prefill}; do
-             extra=; [ $b = bench_prefill ] && extra=--no-sweep
-             timeout "${BENCH_TIMEOUT:-200}" python3 "profiling/$b.py" --out "$W" $extra > "$W/$b.log" 2>&1 || rc=$?
-             tail -22 "$W/$b.log" | tr '\r' '\n' | grep -v "it/s\]"
+             extra=${DECODE_ARGS:-}; [ $b = bench_prefill ] && extra="--no-sweep ${PREFILL_ARGS:-}"
+             timeout "${BENCH_TIMEOUT:-420}" python3 "profiling/$b.py" --out "$W" $extra > "$W/$b.log" 2>&1 || rc=$?
+             n=22; [ $b = bench_prefill ] && n=100; [ $b = bench_decode ] && n=60
+             tail -$n "$W/$b.log" | tr '\r' '\n' | grep -v "it/s\]"
            done ;;
     sweep) timeout "${BENCH_TIMEOUT:-200}" python3 profiling/bench_prefill.py --out "$W" --sweep-only > "$W/sweep.log" 2>&1; rc=$?
            tail -20 "$W/sweep.log" ;;

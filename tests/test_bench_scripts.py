@@ -1,0 +1,255 @@
+"""CPU checks of the benchmark scripts' bookkeeping (profiling/bench_prefill.py, bench_decode.py):
+argument parsing, and the FlashInfer columns run end to end in --cpu-dry-run against a plain torch
+stand-in that follows FlashInfer 0.6.14's documented conventions (alpha = exp(g) in linear space,
+q and k not normalised by the kernel, states [N, HV, V, K], checkpoint i of a sequence after
+(i + 1) * every tokens at checkpoint_cu_starts[seq] + i; decode pools [slots, HV, V, K] with
+read/write indices). The stand-in checks the script's indexing, not FlashInfer: the GPU run
+compares the real kernels with ours."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name):
+    """A fresh copy of profiling/<name>.py (the dry runs rewrite module globals)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "profiling" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _expand(x, hv):
+    return x.repeat_interleave(hv // x.shape[-2], dim=-2)
+
+
+def fake_fi_prefill(q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                    output_final_state=False, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
+                    output=None, output_state=None, state_checkpoints=None,
+                    checkpoint_cu_starts=None, checkpoint_every_n_tokens=0, use_cp="auto"):
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert g.dtype == beta.dtype == torch.float32 and cu_seqlens.dtype == torch.int64
+    scale = K ** -0.5 if scale is None else scale
+    qh, kh = _expand(q.float(), HV) * scale, _expand(k.float(), HV)
+    cu = cu_seqlens.tolist()
+    out = torch.zeros(T, HV, V) if output is None else output
+    fin = torch.zeros(len(cu) - 1, HV, V, K) if output_state is None else output_state
+    for n in range(len(cu) - 1):
+        S = torch.zeros(HV, V, K) if initial_state is None else initial_state[n].float().clone()
+        for t in range(cu[n], cu[n + 1]):
+            S = S * g[t][:, None, None]
+            u = beta[t][:, None] * (v[t].float() - torch.einsum("hvk,hk->hv", S, kh[t]))
+            S = S + u[:, :, None] * kh[t][:, None, :]
+            out[t] = torch.einsum("hvk,hk->hv", S, qh[t]).to(out.dtype)
+            end = t + 1 - cu[n]
+            if checkpoint_every_n_tokens and end % checkpoint_every_n_tokens == 0:
+                state_checkpoints[int(checkpoint_cu_starts[n]) + end // checkpoint_every_n_tokens - 1] = S
+        fin[n] = S
+    return (out, fin) if output_final_state else out
+
+
+def test_prefill_args_and_help(capsys):
+    bp = load_script("bench_prefill")
+    a = bp.parse_args(["--out", "x", "--tp", "2", "--only", "ours,fi", "--shapes", "1x8192,4x16384"])
+    assert a.tp == [2] and a.only == ["ours", "fi"] and a.shapes == [(1, 8192), (4, 16384)]
+    assert bp.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla"]
+    for bad in (["--tp", "3"], ["--only", "flashinfer"], ["--shapes", "8x100"]):
+        with pytest.raises(SystemExit):
+            bp.parse_args(["--out", "x", *bad])
+    with pytest.raises(SystemExit) as e:
+        bp.parse_args(["--help"])
+    assert e.value.code == 0 and "FlashInfer" in capsys.readouterr().out
+
+
+def test_prefill_dry_run_with_flashinfer_stand_in(tmp_path, capsys):
+    bp = load_script("bench_prefill")
+
+    def load_fi():
+        return dict(prefill=fake_fi_prefill, version="stand-in"), None
+
+    load_fi.dry_run_ok = True
+    bp.load_fi = load_fi
+    res = bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-sweep", "--only", "fi",
+                   "--shapes", "2x128", "--tp", "1,2"])
+    text = capsys.readouterr().out
+    assert set(res["shapes"]) == {"2x128", "2x128 tp2"}
+    for name, e in res["shapes"].items():
+        fi = e["fi"]
+        assert "error" not in fi, fi
+        assert fi["off"]["rel_diff_out"] < 2e-2 and fi["off"]["rel_diff_state"] < 1e-2, fi["off"]
+        for mode in ("B=256", "B=1024"):  # 64 and 128 in the dry run
+            p = fi[f"pool {mode}"]
+            assert "check_error" not in p, p
+            assert p["rel_diff_pool"] < 1e-2 and p["rel_diff_out"] < 2e-2, (mode, p)
+        # 2 sequences of 128: B = 64 stores 1 checkpoint each inside the span, FlashInfer 2
+        assert fi["ckpt B=256"]["checkpoints"] == 4 and fi["pool B=256"]["slots_written"] == 4
+        assert fi["pool B=1024"]["slots_written"] == 2
+    assert "FI pool B=256" in text and "FI prep" in text
+    assert (tmp_path / "bench_prefill.json").exists()
+
+
+def fake_vllm_prefill(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                      cu_seqlens=None, chunk_indices=None, chunk_offsets=None,
+                      use_qk_l2norm_in_kernel=False, core_attn_out=None):
+    """vLLM's Triton convention: [1, T, H, D], g in log space, l2norm in the kernel."""
+    def l2n(x):
+        x = x.float()
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    q, k = (l2n(q[0]), l2n(k[0])) if use_qk_l2norm_in_kernel else (q[0], k[0])
+    o, ht = fake_fi_prefill(q.contiguous(), k.contiguous(), v[0].contiguous(), g=g[0].float().exp(),
+                            beta=beta[0].float(), scale=scale, initial_state=initial_state,
+                            output_final_state=True, cu_seqlens=cu_seqlens.long(),
+                            output=torch.zeros(v.shape[1:], dtype=v.dtype))
+    return o[None], ht
+
+
+def test_prefill_dry_run_with_vllm_stand_in(tmp_path):
+    bp = load_script("bench_prefill")
+
+    def load_vllm():
+        return dict(fn=fake_vllm_prefill, module="stand_in", version="stand-in"), None
+
+    load_vllm.dry_run_ok = True
+    bp.load_vllm = load_vllm
+    res = bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-sweep", "--only", "vllm",
+                   "--shapes", "2x64", "--tp", "1"])
+    r = res["shapes"]["2x64"]["vllm"]
+    assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < 1e-2, r  # ours: tf32 dots
+    assert r["notes"] and "chunk indices not precomputed" in r["notes"][0]
+
+
+def _decode_step(q, k, v, a, b, A_log, dt_bias, S, scale):
+    """One token per row, fp32: q, k [B, HV, K] (expanded), v [B, HV, V], S [B, HV, V, K]."""
+    def l2n(x):
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+    q, k = l2n(q.float()) * scale, l2n(k.float())
+    g = -torch.exp(A_log.float()) * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    beta = torch.sigmoid(b.float())
+    S = S.float() * g.exp()[..., None, None]
+    u = beta[..., None] * (v.float() - torch.einsum("bhvk,bhk->bhv", S, k))
+    S = S + u[..., None] * k[..., None, :]
+    return torch.einsum("bhvk,bhk->bhv", S, q), S
+
+
+def fake_fi_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None,
+                   use_qk_l2norm=True, initial_state=None, initial_state_indices=None,
+                   output_state_indices=None):
+    """FlashInfer's pretranspose pool decode: [B, 1, H, D] inputs, pool [slots, HV, V, K]."""
+    assert state is None and use_qk_l2norm and initial_state.stride(-1) == 1
+    B, _, H, K = q.shape
+    HV = v.shape[2]
+    rs = initial_state_indices.long()
+    ws = rs if output_state_indices is None else output_state_indices.long()
+    o, S = _decode_step(_expand(q[:, 0], HV), _expand(k[:, 0], HV), v[:, 0], a[:, 0], b[:, 0],
+                        A_log, dt_bias, initial_state[rs], K ** -0.5 if scale is None else scale)
+    initial_state[ws] = S.to(initial_state.dtype)
+    output[:, 0] = o.to(output.dtype)
+    return output, initial_state
+
+
+def fake_vllm_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                     use_qk_l2norm_in_kernel=False):
+    """vLLM's packed decode: one packed [B, 2 * H * K + HV * V] row per token, in place."""
+    HV, V, K = initial_state.shape[1:]
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    B = mixed_qkv.shape[0]
+    q = mixed_qkv[:, :H * K].reshape(B, H, K)
+    k = mixed_qkv[:, H * K:2 * H * K].reshape(B, H, K)
+    v = mixed_qkv[:, 2 * H * K:].reshape(B, HV, V)
+    idx = ssm_state_indices.long()
+    assert bool((idx > 0).all()), "vLLM reads index 0 as 'no state'"
+    o, S = _decode_step(_expand(q, HV), _expand(k, HV), v, a, b, A_log, dt_bias, initial_state[idx], scale)
+    initial_state[idx] = S.to(initial_state.dtype)
+    out[:, 0] = o.to(out.dtype)
+    return out, initial_state
+
+
+def test_decode_args_and_help(capsys):
+    bd = load_script("bench_decode")
+    a = bd.parse_args(["--out", "x", "--tp", "2", "--pools", "bf16", "--only", "ours,fi",
+                       "--batches", "1,4"])
+    assert a.tp == [2] and a.pools == ["bf16"] and a.only == ["ours", "fi"] and a.batches == [1, 4]
+    assert bd.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla"]
+    for bad in (["--tp", "4"], ["--pools", "fp16"], ["--only", "sglang"], ["--batches", "0"]):
+        with pytest.raises(SystemExit):
+            bd.parse_args(["--out", "x", *bad])
+    with pytest.raises(SystemExit) as e:
+        bd.parse_args(["--help"])
+    assert e.value.code == 0 and "FlashInfer" in capsys.readouterr().out
+
+
+def test_decode_dry_run_with_stand_ins(tmp_path, capsys):
+    bd = load_script("bench_decode")
+
+    def load_fi():
+        return dict(fn=fake_fi_decode, version="stand-in"), None
+
+    def load_vllm():
+        return dict(fn=fake_vllm_decode, module="stand_in", version="stand-in"), None
+
+    def failing_fi(**kw):  # a row that fails must be reported, not crash the bench
+        raise TypeError("CuTe-DSL argument error (stand-in)")
+
+    load_fi.dry_run_ok = load_vllm.dry_run_ok = True
+    bd.load_fi_decode, bd.load_vllm_decode = load_fi, load_vllm
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep",
+                   "--only", "ours,vllm,fi", "--batches", "2", "--batches-tp2", "2"])
+    text = capsys.readouterr().out
+    rows = res["columns"]
+    assert {(r["tp"], r["pool"], r["column"]) for r in rows} == {
+        (tp, p, c) for tp in (1, 2) for p in ("fp32", "bf16") for c in ("ours", "fi", "vllm")}
+    for r in rows:
+        assert "error" not in r and r["ms"] > 0, r
+        if r["column"] != "ours":
+            tol = 1e-5 if r["pool"] == "fp32" else 2e-2
+            assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < tol, r
+    assert "columns side by side" in text
+
+    load_fi2 = lambda: (dict(fn=failing_fi, version="stand-in"), None)  # noqa: E731
+    load_fi2.dry_run_ok = True
+    bd.load_fi_decode = load_fi2
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep", "--tp", "1",
+                   "--pools", "fp32", "--only", "fi", "--batches", "1"])
+    (row,) = [r for r in res["columns"] if r["column"] == "fi"]
+    assert "CuTe-DSL argument error" in row["error"] and "contiguous" in row["error"]
+    assert "B=1 FlashInfer: " in capsys.readouterr().out
+
+
+def test_decode_bf16_sweep_dry_run(tmp_path, capsys):
+    """The bf16 sweep launches ours' kernel directly (so it can cap registers): its rows must
+    agree with gdn_decode's default config."""
+    bd = load_script("bench_decode")
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--tp", "1",
+                   "--pools", "bf16", "--only", "ours", "--batches", "4"])
+    rows = res["bf16_sweep"]
+    assert [(r["BV"], r["num_warps"]) for r in rows] == [(8, 1), (16, 2)]
+    for r in rows:
+        assert "error" not in r and r["rel_diff_out"] < 1e-6 and r["rel_diff_state"] < 1e-6, r
+    assert "bf16 sweep B=4" in capsys.readouterr().out
+
+
+def test_decode_flashinfer_b1_padded(tmp_path):
+    """A FlashInfer that refuses B = 1 gets the batch padded with one row (slot 0): the row says
+    so and still agrees with ours on the real row."""
+    bd = load_script("bench_decode")
+
+    def no_b1(**kw):
+        if kw["q"].shape[0] == 1:
+            raise TypeError("CuTe-DSL argument error (stand-in)")
+        return fake_fi_decode(**kw)
+
+    load_fi = lambda: (dict(fn=no_b1, version="stand-in"), None)  # noqa: E731
+    load_fi.dry_run_ok = True
+    bd.load_fi_decode = load_fi
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep", "--tp", "1",
+                   "--pools", "fp32", "--only", "fi", "--batches", "1"])
+    (row,) = [r for r in res["columns"] if r["column"] == "fi"]
+    assert "padded" in row["note"] and len(row["earlier_errors"]) == 2, row
+    assert row["rel_diff_out"] < 2e-2 and row["rel_diff_state"] < 1e-5, row

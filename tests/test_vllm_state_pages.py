@@ -325,3 +325,32 @@ def test_stats_log_line_and_file(vllm_cpu, caplog, tmp_path, monkeypatch):
     snap = json.loads(path.read_text())
     assert snap["held"] == 0 and snap["peak_held"] == 3 * 6 and snap["hit_tokens"] == 5 * B
     assert snap["hit_requests"] == 1 and snap["admitted"] == 2 and snap["evictable"] > 0
+
+
+@pytest.mark.vllm
+def test_stats_by_time_while_requests_run(vllm_cpu, caplog):
+    kvm = kv_manager(200, gdn=replace(specs()[1], stats_interval_s=1e-9))
+    d = Driver(kvm, chunk=4096)
+    d.submit(request("a", range(3, 3 + 2 * B), max_tokens=3))
+    with caplog.at_level("INFO", logger="vllm.gdn_graphs"):
+        d.run()
+    assert caplog.text.count("GDN pages held") >= 2
+
+
+@pytest.mark.vllm
+def test_options_reach_the_spec(vllm_cpu):
+    from types import SimpleNamespace as NS
+
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from gdn_graphs.vllm.v0_26.state_pages import state_spec
+
+    plain = MambaSpec(shapes=((3, 1024), (8, 64, 64)), dtypes=(torch.float32,) * 2, block_size=B,
+                      mamba_cache_mode="all")
+    cfg = NS(max_in_flight_tokens=16384,
+             additional_config={"gdn_graphs": {"keep_states": "ends", "stats_every": 50}})
+    spec = state_spec(plain, cfg)
+    assert (spec.step_tokens, spec.keep_every, spec.stats_every, spec.stats_interval_s) == \
+        (16384, 0, 50, 10.0)
+    assert spec.shapes == plain.shapes and spec.page_size_bytes == plain.page_size_bytes
+    assert state_spec(plain, NS(max_in_flight_tokens=1, additional_config={})).keep_every == 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ class GDNStateSpec(MambaSpec):
     step_tokens: int = 0   # vllm_config.max_in_flight_tokens: tokens a step can have in flight
     keep_every: int = 1    # see keep_every()
     stats_every: int = 0   # log PageStats every this many steps (0: never)
+    stats_interval_s: float = 10.0  # and at most this often by time while requests run (0: never)
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
         # the running state; every other page is taken only from the slack (module docstring)
@@ -82,7 +84,8 @@ def state_spec(spec: MambaSpec, vllm_config) -> GDNStateSpec:
     fields = {f: getattr(spec, f) for f in spec.__dataclass_fields__}
     return GDNStateSpec(**fields, step_tokens=vllm_config.max_in_flight_tokens,
                         keep_every=keep_every(opts.get("keep_states")),
-                        stats_every=int(opts.get("stats_every", 0)))
+                        stats_every=int(opts.get("stats_every", 0)),
+                        stats_interval_s=float(opts.get("stats_interval_s", 10.0)))
 
 
 @dataclass
@@ -100,6 +103,7 @@ class PageStats:
     ckpt_skipped: int = 0      # checkpoints left without one (policy or no slack)
     steps: int = 0
     managers: list = field(default_factory=list, repr=False)
+    last_report: float = field(default_factory=time.monotonic, repr=False)
 
     def add_held(self, n: int) -> None:
         self.held += n
@@ -107,9 +111,10 @@ class PageStats:
 
     def snapshot(self) -> dict:
         self.evictable = sum(m.evictable_pages() for m in self.managers)
-        return {k: v for k, v in self.__dict__.items() if k != "managers"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("managers", "last_report")}
 
     def report(self) -> None:
+        self.last_report = time.monotonic()
         snap = self.snapshot()
         logger.info("gdn_graphs: GDN pages held %d (peak %d), evictable %d; prefix hits %d tokens "
                     "in %d of %d requests; checkpoints kept %d, skipped %d; in place %d",
@@ -290,11 +295,15 @@ class GDNStateManager(MambaManager):
     def new_step_starts(self) -> None:
         super().new_step_starts()
         stats = self.stats
-        if self is stats.managers[0]:
-            stats.steps += 1
-            every = self.kv_cache_spec.stats_every
-            if every and stats.steps % every == 0:
-                stats.report()
+        if self is not stats.managers[0]:
+            return
+        stats.steps += 1
+        spec = self.kv_cache_spec
+        if spec.stats_every and stats.steps % spec.stats_every == 0:
+            stats.report()
+        elif (spec.stats_interval_s and stats.held
+              and time.monotonic() - stats.last_report >= spec.stats_interval_s):
+            stats.report()
 
 
 def register() -> None:

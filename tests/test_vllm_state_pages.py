@@ -7,7 +7,8 @@ The KV-cache layout is the tiny Qwen3-Next's (one attention group and three GDN 
 when their prefix hit and first chunk fit, a running request that cannot get its pages is
 preempted (freed and re-queued) as vLLM does. After every call the pool is checked: each page's
 refcount equals the number of requests holding it, no held page is in the free queue, no page is
-in it twice, and the manager's held-page count matches a recount.
+in it twice, the manager's held-page count matches a recount, and the three GDN groups hold pages
+at the same columns (a hit needs every group's state at one boundary).
 """
 
 from collections import Counter
@@ -87,6 +88,9 @@ def check_pool(kvm):
     assert ms[0].stats.held == sum(not b.is_null for m in ms for bl in m.req_to_blocks.values()
                                    for b in bl)
     assert len(free) + len(holders) == pool.num_gpu_blocks - 1  # every page but the null block
+    for rid in ms[0].req_to_blocks:  # the GDN groups keep states at the same boundaries
+        rows = [[not b.is_null for b in m.req_to_blocks[rid]] for m in ms]
+        assert rows[0] == rows[1] == rows[2], rid
 
 
 class Driver:
@@ -354,3 +358,25 @@ def test_options_reach_the_spec(vllm_cpu):
         (16384, 0, 50, 10.0)
     assert spec.shapes == plain.shapes and spec.page_size_bytes == plain.page_size_bytes
     assert state_spec(plain, NS(max_in_flight_tokens=1, additional_config={})).keep_every == 1
+
+
+@pytest.mark.vllm
+def test_the_edge_pool_serves_a_near_max_prompt_and_a_system_prompt(vllm_cpu):
+    """The capacity session's edge run on the CPU: a pool of max_model_len's attention blocks
+    plus one page per GDN group and one more (what the plugin's start-up estimate lets through),
+    prefill chunks of 8,192 tokens with two steps in flight: a prompt of max_model_len - 200
+    runs without a preemption, and three questions on a 3,000-token system prompt reuse its
+    whole blocks (2,880 tokens) from the second on."""
+    L = 80 * B
+    kvm = kv_manager(L // B + 3 + 2, gdn=replace(specs()[1], step_tokens=2 * 8192),
+                     max_model_len=L)
+    d = Driver(kvm, chunk=8192)
+    rng = np.random.default_rng(3)
+    system = rng.integers(10, 4000, 3000).tolist()
+    for i in range(3):
+        d.submit(request(f"q{i}", system + rng.integers(10, 4000, 200).tolist(), max_tokens=4))
+        d.run()
+    assert [d.hits[f"q{i}"] for i in range(3)] == [0, 2880, 2880]
+    d.submit(request("long", rng.integers(10, 4000, L - 200).tolist(), max_tokens=8))
+    d.run()
+    assert d.preempted == 0 and gdn_managers(kvm)[0].stats.in_place > 0

@@ -15,8 +15,8 @@ kernels allow a row to read the slot it writes). Everything else is optional:
   ``keep_states`` policy; a checkpoint without a page is a null block ("no slot").
 
 "Slack" is what the pool's free pages (evictable cached pages included) exceed a reserve by: the
-pages the step's other work can need (a step's tokens in every group, a page per group for each
-running request). ``GDNStateSpec`` counts one page per group, ``GDNStateManager`` keeps to it.
+pages the step's other running requests may still need (their remaining prompts' attention pages
+up to a step's tokens, a page per group each). ``GDNStateSpec`` counts one page per group, ``GDNStateManager`` keeps to it.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class PageStats:
     ckpt_skipped: int = 0      # checkpoints left without one (policy or no slack)
     steps: int = 0
     managers: list = field(default_factory=list, repr=False)
+    plans: dict = field(default_factory=dict, repr=False)  # a step's checkpoint columns, per request
     last_report: float = field(default_factory=time.monotonic, repr=False)
 
     def add_held(self, n: int) -> None:
@@ -111,7 +112,7 @@ class PageStats:
 
     def snapshot(self) -> dict:
         self.evictable = sum(m.evictable_pages() for m in self.managers)
-        return {k: v for k, v in self.__dict__.items() if k not in ("managers", "last_report")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("managers", "plans", "last_report")}
 
     def report(self) -> None:
         self.last_report = time.monotonic()
@@ -153,16 +154,23 @@ class GDNStateManager(MambaManager):
 
     # ---------------------------------------------------------------------- what a step takes
 
-    def _reserve(self) -> int:
-        """Free pages left alone for the step's other work: the attention pages of a step's
-        tokens, and a page per group for each running request (groups: the GDN groups of this
-        pool plus one attention group)."""
+    def _reserve(self, request_id) -> int:
+        """Free pages left alone for what the step's other running requests may still take
+        before their turn (a waiting request that finds none just waits; a running one would be
+        preempted): the attention pages of their remaining prompts, up to a step's tokens, and
+        a page per group each (groups: the GDN groups of this pool plus one attention group)."""
         groups = len(self.stats.managers) + 1
-        return (cdiv(self.kv_cache_spec.step_tokens, self.block_size)
-                + groups * (len(self.req_to_blocks) + 1))
+        prefill = sum(max(self._prompt_len.get(rid, 0) - len(blocks) * self.block_size, 0)
+                      for rid, blocks in self.req_to_blocks.items() if rid != request_id)
+        step = min(self.kv_cache_spec.step_tokens, prefill)
+        return cdiv(step, self.block_size) + groups * (len(self.req_to_blocks) + 1)
 
-    def _slack(self) -> int:
-        return self.block_pool.get_num_free_blocks() - self._reserve()
+    def _slack(self, request_id, first: int, end: int) -> int:
+        """Free pages beyond the reserve and this request's own pages of the step in the other
+        groups: attention for its new columns (counted even if already taken: safe), a write
+        page in each other GDN group."""
+        own = (end - first) + len(self.stats.managers) - 1
+        return self.block_pool.get_num_free_blocks() - self._reserve(request_id) - own
 
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
                                    total_computed_tokens, num_local_computed_tokens,
@@ -178,7 +186,8 @@ class GDNStateManager(MambaManager):
         # may want (a system prompt's), and a page someone else holds is read by them.
         private = (not new_computed_blocks and bool(held) and not held[-1].is_null
                    and held[-1].ref_cnt == 1)
-        in_place = private and self._slack() < 1
+        first = len(held) + len(new_computed_blocks)
+        in_place = private and self._slack(request_id, first, cdiv(num_tokens, self.block_size)) < 1
         self._in_place[request_id] = in_place
         return evictable + (0 if in_place else 1)
 
@@ -191,9 +200,7 @@ class GDNStateManager(MambaManager):
             self._admitted(request_id, 0)
         in_place = (self._in_place.pop(request_id, False) and blocks and not blocks[-1].is_null
                     and blocks[-1].ref_cnt == 1)
-        wanted = self._checkpoints(request_id, first, end - 1)
-        spare = max(self._slack() - (0 if in_place else 1), 0)
-        keep = set(wanted[:spare])
+        keep = self._keep(request_id, first, end)
         new = self.block_pool.get_new_blocks(len(keep) + (0 if in_place else 1))
         if in_place:
             write = blocks[-1]
@@ -210,6 +217,22 @@ class GDNStateManager(MambaManager):
         self.stats.ckpt_skipped += end - 1 - first - len(keep)
         self.stats.add_held(len(keep) + (0 if in_place else 1))
         return added
+
+    def _keep(self, request_id, first: int, end: int) -> set[int]:
+        """The checkpoint columns of this step that get a page, the same in every GDN group (a
+        hit needs all of them at one boundary): the first group to allocate decides, sharing the
+        slack equally."""
+        plans = self.stats.plans
+        plan = plans.get(request_id)
+        if plan is None or (plan[0], plan[1]) != (first, end):
+            n = len(self.stats.managers)
+            per_group = max((self._slack(request_id, first, end) - 1) // n, 0)
+            plan = [first, end, set(self._checkpoints(request_id, first, end - 1)[:per_group]), n]
+            plans[request_id] = plan
+        plan[3] -= 1
+        if plan[3] == 0:
+            del plans[request_id]
+        return plan[2]
 
     def _replay_col(self, request_id) -> int:
         """The column holding the state a returning prompt hits (vLLM caps hits at prompt - 1)."""
@@ -270,7 +293,7 @@ class GDNStateManager(MambaManager):
             self.stats.add_held(-len(freed))
 
     def pop_blocks_for_free(self, request_id):
-        for d in (self._prompt_len, self._freed_upto, self._in_place):
+        for d in (self._prompt_len, self._freed_upto, self._in_place, self.stats.plans):
             d.pop(request_id, None)
         blocks = super().pop_blocks_for_free(request_id)
         self.stats.add_held(-sum(not b.is_null for b in blocks))

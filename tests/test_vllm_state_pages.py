@@ -380,3 +380,36 @@ def test_the_edge_pool_serves_a_near_max_prompt_and_a_system_prompt(vllm_cpu):
     d.submit(request("long", rng.integers(10, 4000, L - 200).tolist(), max_tokens=8))
     d.run()
     assert d.preempted == 0 and gdn_managers(kvm)[0].stats.in_place > 0
+
+
+@pytest.mark.vllm
+def test_a_page_another_request_reads_is_never_moved_in_place(vllm_cpu):
+    """A running request's state page that a second request also holds (a prefix hit on it) is
+    not updated in place even when the pool has no slack: the step takes a fresh page, and the
+    shared page keeps its column, its refcount and its cache entry."""
+    kvm = kv_manager(60)
+    d = Driver(kvm, chunk=4096)
+    a = request("a", range(3, 3 + 2 * B - 1), max_tokens=B + 40)
+    d.submit(a)
+    d.step()
+    d.step()  # prompt done, its first output token computed: 2 * B tokens, block 1 is full
+    ms = gdn_managers(kvm)
+    shared = [m.req_to_blocks["a"][1] for m in ms]
+    kvm.block_pool.touch(shared)  # as a hit of another request on the state after 2 blocks
+    hashes = [p.block_hash for p in shared]
+    assert all(h is not None for h in hashes)
+    free = kvm.block_pool.get_num_free_blocks()
+    hold = kvm.block_pool.get_new_blocks(free - 6)  # no slack left, pages for the step remain
+    in_place = ms[0].stats.in_place
+    d.check = False
+    d.step()  # crosses into block 2
+    assert ms[0].stats.in_place == in_place
+    for m, p, h in zip(ms, shared, hashes):
+        row = m.req_to_blocks["a"]
+        assert row[1] is p and p.ref_cnt == 2 and p.block_hash == h and row[2] is not p
+    # and without the other holder the same squeeze moves the page in place
+    kvm.block_pool.free_blocks(shared)
+    for _ in range(B):
+        d.step()
+    assert ms[0].stats.in_place > in_place
+    kvm.block_pool.free_blocks(hold)

@@ -132,7 +132,8 @@ class Driver:
             self._check()
         while self.waiting:
             req = self.waiting[0]
-            blocks, hit, _ = kvm.get_computed_blocks(req)
+            blocks, hit, junction = kvm.get_computed_blocks(req)
+            req.shared_prefix_boundary = junction  # as vLLM's scheduler does
             q = min(self.chunk, req.num_tokens - hit)
             if kvm.allocate_slots(req, q, hit, blocks) is None:
                 break
@@ -413,3 +414,30 @@ def test_a_page_another_request_reads_is_never_moved_in_place(vllm_cpu):
         d.step()
     assert ms[0].stats.in_place > in_place
     kvm.block_pool.free_blocks(hold)
+
+
+@pytest.mark.vllm
+def test_shared_prefix_junction_gets_a_page_and_is_kept_while_its_request_runs(vllm_cpu):
+    """keep_states "ends": the first request stores no state at the end of the system prompt.
+    The second finds the prompt in the attention groups only; vLLM reports the junction
+    (shared_prefix_boundary) and the manager gives that boundary a page in every GDN group and
+    keeps it while the request runs: the third request reuses the system prompt."""
+    kvm = kv_manager(300, gdn=specs(keep="ends")[1])
+    d = Driver(kvm, chunk=4096)
+    rng = np.random.default_rng(5)
+    system = rng.integers(10, 4000, 6 * B + 30).tolist()
+    ask = [request(f"q{i}", system + rng.integers(10, 4000, 300).tolist(), max_tokens=30)
+           for i in range(3)]
+    d.submit(ask[0])
+    d.run()
+    d.submit(ask[1])
+    d.step()
+    assert d.hits["q1"] == 0 and ask[1].shared_prefix_boundary == 6 * B
+    for _ in range(5):
+        d.step()  # decoding: the junction page (column 5) stays
+    ms = gdn_managers(kvm)
+    assert all(not m.req_to_blocks["q1"][5].is_null for m in ms)
+    assert ms[0].stats.junction_pages == 1
+    d.submit(ask[2])
+    d.run()
+    assert d.hits["q2"] == 6 * B

@@ -14,6 +14,12 @@ kernels allow a row to read the slot it writes). Everything else is optional:
   prompt ends first (the replay boundary vLLM hits when a prompt comes back), then the
   ``keep_states`` policy; a checkpoint without a page is a null block ("no slot").
 
+* a state that served a prefix hit, and the state at a shared-prefix junction (vLLM's
+  ``request.shared_prefix_boundary``: the attention groups hit further than the GDN groups), are
+  kept by the request while it runs, as it keeps the attention blocks before them: the next
+  request on the same prefix (a system prompt) finds them however fast the LRU turns over; a
+  request gives them back before it would go short of its own pages.
+
 "Slack" is what the pool's free pages (evictable cached pages included) exceed a reserve by: the
 pages the step's other running requests may still need (their remaining prompts' attention pages
 up to a step's tokens, a page per group each). ``GDNStateSpec`` counts one page per group, ``GDNStateManager`` keeps to it.
@@ -103,7 +109,8 @@ class PageStats:
     ckpt_skipped: int = 0      # checkpoints left without one (policy or no slack)
     steps: int = 0
     managers: list = field(default_factory=list, repr=False)
-    plans: dict = field(default_factory=dict, repr=False)  # a step's checkpoint columns, per request
+    decisions: dict = field(default_factory=dict, repr=False)  # see GDNStateManager._shared
+    junction_pages: int = 0    # shared-prefix junction states given a page (and kept)
     last_report: float = field(default_factory=time.monotonic, repr=False)
 
     def add_held(self, n: int) -> None:
@@ -112,7 +119,7 @@ class PageStats:
 
     def snapshot(self) -> dict:
         self.evictable = sum(m.evictable_pages() for m in self.managers)
-        return {k: v for k, v in self.__dict__.items() if k not in ("managers", "plans", "last_report")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("managers", "decisions", "last_report")}
 
     def report(self) -> None:
         self.last_report = time.monotonic()
@@ -151,6 +158,8 @@ class GDNStateManager(MambaManager):
         self._prompt_len: dict[str, int] = {}
         self._freed_upto: dict[str, int] = {}   # columns below this are null already
         self._in_place: dict[str, bool] = {}    # the plan of the last get_num_blocks_to_allocate
+        self._pin: dict[str, set[int]] = {}     # columns a request keeps: its hit, a junction
+        self._added: dict[str, tuple] = {}      # this step's (first column, the list returned)
 
     # ---------------------------------------------------------------------- what a step takes
 
@@ -186,9 +195,13 @@ class GDNStateManager(MambaManager):
         # may want (a system prompt's), and a page someone else holds is read by them.
         private = (not new_computed_blocks and bool(held) and not held[-1].is_null
                    and held[-1].ref_cnt == 1)
-        first = len(held) + len(new_computed_blocks)
-        in_place = private and self._slack(request_id, first, cdiv(num_tokens, self.block_size)) < 1
+        first, end = len(held) + len(new_computed_blocks), cdiv(num_tokens, self.block_size)
+        in_place = private and self._slack(request_id, first, end) < 1
         self._in_place[request_id] = in_place
+        if held and self._pin.get(request_id) and self._shared(
+                "unpin", request_id, (first, end), lambda: self.block_pool.get_num_free_blocks()
+                < (end - first) + len(self.stats.managers)):
+            self._unpin(request_id)  # its kept pages go back before the request goes short
         return evictable + (0 if in_place else 1)
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
@@ -213,26 +226,40 @@ class GDNStateManager(MambaManager):
         added = [next(pages) if j in keep else self._null_block for j in range(first, end - 1)]
         added.append(write)
         blocks.extend(added)
+        self._added[request_id] = (first, added)
         self.stats.ckpt_kept += len(keep)
         self.stats.ckpt_skipped += end - 1 - first - len(keep)
         self.stats.add_held(len(keep) + (0 if in_place else 1))
         return added
 
+    def _shared(self, kind: str, request_id, key, decide):
+        """One decision for every GDN group of the pool in one vLLM call (a hit needs each
+        group's state at one boundary): the first group to ask runs ``decide()``, the others
+        get its answer while ``key`` is the same."""
+        slot = (kind, request_id)
+        d = self.stats.decisions.get(slot)
+        if d is None or d[0] != key:
+            d = self.stats.decisions[slot] = [key, decide(), len(self.stats.managers)]
+        d[2] -= 1
+        if d[2] == 0:
+            del self.stats.decisions[slot]
+        return d[1]
+
     def _keep(self, request_id, first: int, end: int) -> set[int]:
-        """The checkpoint columns of this step that get a page, the same in every GDN group (a
-        hit needs all of them at one boundary): the first group to allocate decides, sharing the
-        slack equally."""
-        plans = self.stats.plans
-        plan = plans.get(request_id)
-        if plan is None or (plan[0], plan[1]) != (first, end):
-            n = len(self.stats.managers)
-            per_group = max((self._slack(request_id, first, end) - 1) // n, 0)
-            plan = [first, end, set(self._checkpoints(request_id, first, end - 1)[:per_group]), n]
-            plans[request_id] = plan
-        plan[3] -= 1
-        if plan[3] == 0:
-            del plans[request_id]
-        return plan[2]
+        """The checkpoint columns of this step that get a page, sharing the slack equally."""
+        def decide():
+            per_group = max((self._slack(request_id, first, end) - 1) // len(self.stats.managers), 0)
+            return set(self._checkpoints(request_id, first, end - 1)[:per_group])
+        return self._shared("keep", request_id, (first, end), decide)
+
+    def _unpin(self, request_id) -> None:
+        """Back to the cache (evictable, still findable) with the pages the request kept."""
+        blocks = self.req_to_blocks.get(request_id)
+        for col in self._pin.pop(request_id, ()):
+            if blocks and col < len(blocks) - 1 and not blocks[col].is_null:
+                page, blocks[col] = blocks[col], self._null_block
+                self.block_pool.free_blocks([page])
+                self.stats.add_held(-1)
 
     def _replay_col(self, request_id) -> int:
         """The column holding the state a returning prompt hits (vLLM caps hits at prompt - 1)."""
@@ -248,6 +275,37 @@ class GDNStateManager(MambaManager):
                 and j != replay]
         return ([replay] if lo <= replay < hi else []) + cols
 
+    def cache_blocks(self, request, num_tokens, retention_interval=None) -> None:
+        """vLLM's caching, after giving the step's shared-prefix junction a page: vLLM sets
+        ``request.shared_prefix_boundary`` where the attention groups hit further than the GDN
+        groups (an uncached shared prefix: another request's system prompt), which the
+        allocation could not see. The page goes into this step's new columns (the list the
+        allocation returned, which becomes the step's block ids), the same in every GDN group,
+        and the request keeps it while it runs: the next request on that prefix hits it."""
+        self._fill_junction(request)
+        super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
+
+    def _fill_junction(self, request) -> None:
+        rid = request.request_id
+        first, added = self._added.pop(rid, (0, None))
+        boundary = getattr(request, "shared_prefix_boundary", 0) or 0
+        col = boundary // self.block_size - 1
+        if added is None or not first <= col < first + len(added) - 1:
+            return
+        if not added[col - first].is_null:
+            self._pin.setdefault(rid, set()).add(col)
+            return
+        n = len(self.stats.managers)
+        if not self._shared("junction", rid, col, lambda: self.block_pool.get_num_free_blocks()
+                            - self._reserve(rid) >= n):
+            return
+        page = self.block_pool.get_new_blocks(1)[0]
+        added[col - first] = self.req_to_blocks[rid][col] = page
+        self._pin.setdefault(rid, set()).add(col)
+        self.stats.add_held(1)
+        if self is self.stats.managers[0]:
+            self.stats.junction_pages += 1
+
     # --------------------------------------------------------------------- what a step gives back
 
     def add_local_computed_blocks(self, request_id, new_computed_blocks,
@@ -258,6 +316,11 @@ class GDNStateManager(MambaManager):
         self.stats.add_held(sum(not b.is_null for b in blocks))
         self._admitted(request_id, num_local_computed_tokens)
         self._freed_upto[request_id] = max(len(blocks) - 1, 0)
+        if blocks and not blocks[-1].is_null:
+            # A state that served a hit is a proven branch point (a system prompt's end): the
+            # request keeps it while it runs, as it keeps the attention blocks before it, so
+            # the next request on the same prefix finds it however fast the LRU turns over.
+            self._pin.setdefault(request_id, set()).add(len(blocks) - 1)
 
     def _admitted(self, request_id, hit_tokens: int) -> None:
         self._freed_upto[request_id] = 0
@@ -281,8 +344,8 @@ class GDNStateManager(MambaManager):
         lo = self._freed_upto.get(request_id, 0)
         if upto <= lo:
             return
-        replay = self._replay_col(request_id)
-        cols = sorted((j for j in range(lo, upto) if not blocks[j].is_null),
+        replay, pins = self._replay_col(request_id), self._pin.get(request_id, ())
+        cols = sorted((j for j in range(lo, upto) if not blocks[j].is_null and j not in pins),
                       key=lambda j: (j == replay, -j))  # vLLM's order (tail first), prompt end last
         freed = [blocks[j] for j in cols]
         for j in cols:
@@ -293,8 +356,10 @@ class GDNStateManager(MambaManager):
             self.stats.add_held(-len(freed))
 
     def pop_blocks_for_free(self, request_id):
-        for d in (self._prompt_len, self._freed_upto, self._in_place, self.stats.plans):
+        for d in (self._prompt_len, self._freed_upto, self._in_place, self._pin, self._added):
             d.pop(request_id, None)
+        for kind in ("keep", "junction", "unpin"):
+            self.stats.decisions.pop((kind, request_id), None)
         blocks = super().pop_blocks_for_free(request_id)
         self.stats.add_held(-sum(not b.is_null for b in blocks))
         if (os.environ.get(STATS_FILE_ENV) and self is self.stats.managers[-1]

@@ -359,6 +359,8 @@ def test_options_reach_the_spec(vllm_cpu):
         (16384, 0, 50, 10.0)
     assert spec.shapes == plain.shapes and spec.page_size_bytes == plain.page_size_bytes
     assert state_spec(plain, NS(max_in_flight_tokens=1, additional_config={})).keep_every == 1
+    assert spec.junctions and not state_spec(plain, NS(max_in_flight_tokens=1, additional_config={},
+                                                       kv_transfer_config=object())).junctions
 
 
 @pytest.mark.vllm

@@ -74,6 +74,10 @@ class GDNStateSpec(MambaSpec):
     keep_every: int = 1    # see keep_every()
     stats_every: int = 0   # log PageStats every this many steps (0: never)
     stats_interval_s: float = 10.0  # and at most this often by time while requests run (0: never)
+    # Junction pages are written into the block list of the allocation that cache_blocks
+    # follows; with a KV connector vLLM may delay that caching past the step (P/D loads), so
+    # then they are not given.
+    junctions: bool = True
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
         # the running state; every other page is taken only from the slack (module docstring)
@@ -91,7 +95,8 @@ def state_spec(spec: MambaSpec, vllm_config) -> GDNStateSpec:
     return GDNStateSpec(**fields, step_tokens=vllm_config.max_in_flight_tokens,
                         keep_every=keep_every(opts.get("keep_states")),
                         stats_every=int(opts.get("stats_every", 0)),
-                        stats_interval_s=float(opts.get("stats_interval_s", 10.0)))
+                        stats_interval_s=float(opts.get("stats_interval_s", 10.0)),
+                        junctions=getattr(vllm_config, "kv_transfer_config", None) is None)
 
 
 @dataclass
@@ -288,6 +293,8 @@ class GDNStateManager(MambaManager):
     def _fill_junction(self, request) -> None:
         rid = request.request_id
         first, added = self._added.pop(rid, (0, None))
+        if not self.kv_cache_spec.junctions:
+            return
         boundary = getattr(request, "shared_prefix_boundary", 0) or 0
         col = boundary // self.block_size - 1
         if added is None or not first <= col < first + len(added) - 1:

@@ -33,17 +33,21 @@ What it reads or overrides:
   ``cdiv(max_len, block_size)``: the worker's block-table row); ``vllm_config.max_in_flight_tokens``.
 * ``MambaManager`` in mode "all": overrides ``get_num_blocks_to_allocate``,
   ``allocate_new_blocks``, ``add_local_computed_blocks``, ``remove_skipped_blocks``,
-  ``pop_blocks_for_free``, ``new_step_starts``, ``cache_blocks`` (gives ``Request.shared_prefix_boundary``
-  a page first, written into the list ``allocate_new_blocks`` returned this step, which
-  ``KVCacheManager.allocate_slots`` turns into the step's block ids after ``cache_blocks``); reads ``req_to_blocks``, ``block_size``,
+  ``pop_blocks_for_free``, ``new_step_starts`` and ``cache_blocks``, which first gives
+  ``Request.shared_prefix_boundary`` a page by writing it into the list ``allocate_new_blocks``
+  returned this step (``KVCacheManager.allocate_slots`` makes that list the step's block ids
+  after calling ``cache_blocks``). Reads ``req_to_blocks``, ``block_size``,
   ``kv_cache_group_id``, ``cached_blocks_this_step``, ``_null_block``,
   ``_get_num_evictable_blocks``; ``BlockPool.get_num_free_blocks``, ``get_new_blocks``,
-  ``free_blocks``, ``num_gpu_blocks``, the private ``_maybe_evict_cached_block`` (a page whose
-  state is rewritten in place leaves the prefix cache) and ``cached_block_hash_to_block._cache``
-  (the evictable-page count); ``kv_cache_utils.get_group_id``. ``find_longest_cache_hit`` stays
-  vLLM's (right-to-left scan: block-by-block fallback).
+  ``free_blocks``, ``touch`` (tests), ``num_gpu_blocks``, the private
+  ``_maybe_evict_cached_block`` (a page whose state is rewritten in place leaves the prefix
+  cache) and ``cached_block_hash_to_block._cache`` (the evictable-page count);
+  ``KVCacheBlock.ref_cnt``, ``is_null``, ``block_hash``; ``kv_cache_utils.get_group_id``;
+  ``Request.request_id``; ``vllm_config.kv_transfer_config`` (no junction pages with a KV
+  connector). ``find_longest_cache_hit`` stays vLLM's (right-to-left scan: block-by-block
+  fallback).
 * ``additional_config["gdn_graphs"]`` as a dict keeps the plugin on and carries its options
-  (``keep_states``, ``stats_every``).
+  (``keep_states``, ``stats_every``, ``stats_interval_s``).
 * ``QwenGatedDeltaNetAttention``: overrides ``_forward_core`` and ``get_attn_backend``; reads
   ``conv1d``, ``A_log``, ``dt_bias``, ``kv_cache``, ``prefix``, ``tp_size``, ``num_k_heads``,
   ``num_v_heads``, ``head_k_dim``, ``head_v_dim``, ``activation``, ``get_state_dtype()``;

@@ -39,10 +39,11 @@ What it reads or overrides:
   after calling ``cache_blocks``). Reads ``req_to_blocks``, ``block_size``,
   ``kv_cache_group_id``, ``cached_blocks_this_step``, ``_null_block``,
   ``_get_num_evictable_blocks``; ``BlockPool.get_num_free_blocks``, ``get_new_blocks``,
-  ``free_blocks``, ``touch`` (tests), ``num_gpu_blocks``, the private
+  ``free_blocks``, ``num_gpu_blocks``, the private
   ``_maybe_evict_cached_block`` (a page whose state is rewritten in place leaves the prefix
   cache) and ``cached_block_hash_to_block._cache`` (the evictable-page count);
-  ``KVCacheBlock.ref_cnt``, ``is_null``, ``block_hash``; ``kv_cache_utils.get_group_id``;
+  ``KVCacheBlock.ref_cnt``, ``is_null``, ``block_hash``; the key layout of
+  ``kv_cache_utils.make_block_hash_with_group_id`` (group id in the last 4 bytes);
   ``Request.request_id``; ``vllm_config.kv_transfer_config`` (no junction pages with a KV
   connector). ``find_longest_cache_hit`` stays vLLM's (right-to-left scan: block-by-block
   fallback).

@@ -35,7 +35,6 @@ import weakref
 from dataclasses import dataclass, field
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.kv_cache_utils import get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
@@ -122,8 +121,21 @@ class PageStats:
         self.held += n
         self.peak_held = max(self.peak_held, self.held)
 
+    def count_evictable(self) -> int:
+        """Cached pages of these GDN groups that no request holds: one scan of the pool's cache
+        (every cached block of every group), so only at a report."""
+        if not self.managers:
+            return 0
+        suffixes = {m.kv_cache_group_id.to_bytes(4, "big") for m in self.managers}
+        n = 0
+        for key, entry in self.managers[0].block_pool.cached_block_hash_to_block._cache.items():
+            if key[-4:] in suffixes:  # the group id ends the key (kv_cache_utils.get_group_id)
+                n += (sum(b.ref_cnt == 0 for b in entry.values()) if isinstance(entry, dict)
+                      else entry.ref_cnt == 0)
+        return n
+
     def snapshot(self) -> dict:
-        self.evictable = sum(m.evictable_pages() for m in self.managers)
+        self.evictable = self.count_evictable()
         return {k: v for k, v in self.__dict__.items() if k not in ("managers", "decisions", "last_report")}
 
     def report(self) -> None:
@@ -375,17 +387,6 @@ class GDNStateManager(MambaManager):
         return blocks
 
     # ------------------------------------------------------------------------------------ stats
-
-    def evictable_pages(self) -> int:
-        """Cached pages of this group that no request holds (a scan: call it rarely)."""
-        cache = self.block_pool.cached_block_hash_to_block._cache
-        n = 0
-        for key, entry in cache.items():
-            if get_group_id(key) != self.kv_cache_group_id:
-                continue
-            group = entry.values() if isinstance(entry, dict) else (entry,)
-            n += sum(b.ref_cnt == 0 for b in group)
-        return n
 
     def new_step_starts(self) -> None:
         super().new_step_starts()

@@ -91,8 +91,9 @@ def test_vllms_scheduler_runs_shared_prompts_through_our_manager(vllm_cpu, num_b
 
 def _load_shape(path, mode, n=48, plen=16000, slen=6000, gen=64, conc=8):
     """The GPU load test's KV side on vLLM's AsyncScheduler: n requests of plen tokens arriving
-    every other step, half on one slen-token system prompt, KV bytes for conc of them (float32:
-    1,024 bytes a token), the same for the plugin and vLLM's "align" (blocks of 192 / 144)."""
+    every other step, half on one slen-token system prompt, every 4th of those followed by a
+    second turn (its prompt + output + 300 tokens), KV bytes for conc of them (float32: 1,024
+    bytes a token), the same for the plugin and vLLM's "align" (blocks of 192 / 144)."""
     import torch
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
@@ -122,11 +123,20 @@ def _load_shape(path, mode, n=48, plen=16000, slen=6000, gen=64, conc=8):
     sched = AsyncScheduler(cfg, kvc, StructuredOutputManager(cfg), block_size=bs, log_stats=True)
     rng = np.random.default_rng(0)
     system = rng.integers(10, 4000, slen).tolist()
-    pending = [Request(f"r{i}", (system if i % 2 == 0 else []) + rng.integers(
-        10, 4000, plen - (slen if i % 2 == 0 else 0)).tolist(), SamplingParams(max_tokens=gen),
-        None, block_hasher=get_request_block_hasher(bs, sha256)) for i in range(n)]
+    def make(rid, toks):
+        return Request(rid, toks, SamplingParams(max_tokens=gen), None,
+                       block_hasher=get_request_block_hasher(bs, sha256))
+
+    pending = [make(f"r{i}", (system if i % 2 == 0 else []) + rng.integers(
+        10, 4000, plen - (slen if i % 2 == 0 else 0)).tolist()) for i in range(n)]
+    follow = {r.request_id: r for r in pending[::8]}  # every 4th shared request: a second turn
     steps, preempted, tokens, hits, in_flight = 0, 0, 0, {}, []
-    while pending or sched.has_unfinished_requests() or in_flight:
+    while pending or sched.has_unfinished_requests() or in_flight or follow:
+        for rid, r in list(follow.items()):
+            if r.is_finished():
+                del follow[rid]
+                pending.insert(0, make(rid + "t2", list(r.prompt_token_ids) + list(r.output_token_ids)
+                                       + rng.integers(10, 4000, 300).tolist()))
         if pending and steps % 2 == 0:
             sched.add_request(pending.pop(0))
         out = sched.schedule()
@@ -143,7 +153,8 @@ def _load_shape(path, mode, n=48, plen=16000, slen=6000, gen=64, conc=8):
         steps += 1
         assert steps < 20000
     shared = [hits[f"r{i}"] for i in range(2, n, 2)]
-    return {"block": bs, "pages": nb, "steps": steps, "preempted": preempted,
+    turns = [hits[k] for k in hits if k.endswith("t2")]
+    return {"second_turn_reuse_mean": float(np.mean(turns)), "second_turns": len(turns),"block": bs, "pages": nb, "steps": steps, "preempted": preempted,
             "scheduled_tokens": tokens, "shared_hit_fraction": float(np.mean(
                 [h >= slen // bs * bs for h in shared])), "shared_reuse_mean": float(np.mean(shared))}
 

@@ -177,6 +177,7 @@ class GDNStateManager(MambaManager):
         self._in_place: dict[str, bool] = {}    # the plan of the last get_num_blocks_to_allocate
         self._pin: dict[str, set[int]] = {}     # columns a request keeps: its hit, a junction
         self._added: dict[str, tuple] = {}      # this step's (first column, the list returned)
+        self._last: dict[str, int] = {}         # the column of its latest passed boundary state
 
     # ---------------------------------------------------------------------- what a step takes
 
@@ -215,7 +216,7 @@ class GDNStateManager(MambaManager):
         first, end = len(held) + len(new_computed_blocks), cdiv(num_tokens, self.block_size)
         in_place = private and self._slack(request_id, first, end) < 1
         self._in_place[request_id] = in_place
-        if held and self._pin.get(request_id) and self._shared(
+        if held and (self._pin.get(request_id) or request_id in self._last) and self._shared(
                 "unpin", request_id, (first, end), lambda: self.block_pool.get_num_free_blocks()
                 < (end - first) + len(self.stats.managers)):
             self._unpin(request_id)  # its kept pages go back before the request goes short
@@ -263,16 +264,31 @@ class GDNStateManager(MambaManager):
         return d[1]
 
     def _keep(self, request_id, first: int, end: int) -> set[int]:
-        """The checkpoint columns of this step that get a page, sharing the slack equally."""
+        """The checkpoint columns of this step that get a page, sharing the slack equally; the
+        replay boundary (the end of the prompt: what a returning prompt and, when the output
+        crosses no boundary, the next turn start from) needs only a page per group beyond every
+        running request's next page and this request's own."""
         def decide():
-            per_group = max((self._slack(request_id, first, end) - 1) // len(self.stats.managers), 0)
-            return set(self._checkpoints(request_id, first, end - 1)[:per_group])
+            n = len(self.stats.managers)
+            wanted = self._checkpoints(request_id, first, end - 1)
+            keep = set(wanted[:max((self._slack(request_id, first, end) - 1) // n, 0)])
+            replay = self._replay_col(request_id)
+            if replay in wanted and replay not in keep:
+                own = (end - first) + n
+                if (self.block_pool.get_num_free_blocks() - own
+                        - (n + 1) * (len(self.req_to_blocks) + 1)) >= n:
+                    keep.add(replay)
+            return keep
         return self._shared("keep", request_id, (first, end), decide)
 
     def _unpin(self, request_id) -> None:
-        """Back to the cache (evictable, still findable) with the pages the request kept."""
+        """Back to the cache (evictable, still findable) with the pages the request kept: its
+        hit and junction states and its latest boundary state."""
         blocks = self.req_to_blocks.get(request_id)
-        for col in self._pin.pop(request_id, ()):
+        cols = set(self._pin.pop(request_id, ()))
+        if request_id in self._last:
+            cols.add(self._last.pop(request_id))
+        for col in cols:
             if blocks and col < len(blocks) - 1 and not blocks[col].is_null:
                 page, blocks[col] = blocks[col], self._null_block
                 self.block_pool.free_blocks([page])
@@ -364,8 +380,17 @@ class GDNStateManager(MambaManager):
         if upto <= lo:
             return
         replay, pins = self._replay_col(request_id), self._pin.get(request_id, ())
-        cols = sorted((j for j in range(lo, upto) if not blocks[j].is_null and j not in pins),
-                      key=lambda j: (j == replay, -j))  # vLLM's order (tail first), prompt end last
+        # the latest boundary state passed stays until a later one replaces it: when the
+        # request ends it is the state its next turn starts from
+        old = self._last.get(request_id)
+        keep = next((j for j in range(upto - 1, lo - 1, -1)
+                     if not blocks[j].is_null and j not in pins), old)
+        cols = [j for j in range(lo, upto) if not blocks[j].is_null and j not in pins and j != keep]
+        if old is not None and old != keep and not blocks[old].is_null and old not in pins:
+            cols.append(old)
+        if keep is not None:
+            self._last[request_id] = keep
+        cols.sort(key=lambda j: (j == replay, -j))  # vLLM's order (tail first), prompt end last
         freed = [blocks[j] for j in cols]
         for j in cols:
             blocks[j] = self._null_block
@@ -374,8 +399,19 @@ class GDNStateManager(MambaManager):
             self.block_pool.free_blocks(freed)
             self.stats.add_held(-len(freed))
 
+    def free(self, request_id) -> None:
+        """vLLM's order (tail first: the LRU evicts it first), but the request's latest boundary
+        state last: of its pages, the one a next turn needs."""
+        blocks = self.req_to_blocks.get(request_id, ())
+        col = self._last.get(request_id)
+        last = blocks[col] if col is not None and col < len(blocks) else None
+        popped = self.pop_blocks_for_free(request_id)
+        order = [b for b in reversed(popped) if b is not last]
+        self.block_pool.free_blocks(order + ([last] if last is not None else []))
+
     def pop_blocks_for_free(self, request_id):
-        for d in (self._prompt_len, self._freed_upto, self._in_place, self._pin, self._added):
+        for d in (self._prompt_len, self._freed_upto, self._in_place, self._pin, self._added,
+                  self._last):
             d.pop(request_id, None)
         for kind in ("keep", "junction", "unpin"):
             self.stats.decisions.pop((kind, request_id), None)

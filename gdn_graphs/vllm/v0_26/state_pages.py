@@ -14,11 +14,12 @@ kernels allow a row to read the slot it writes). Everything else is optional:
   prompt ends first (the replay boundary vLLM hits when a prompt comes back), then the
   ``keep_states`` policy; a checkpoint without a page is a null block ("no slot").
 
-* a state that served a prefix hit, and the state at a shared-prefix junction (vLLM's
-  ``request.shared_prefix_boundary``: the attention groups hit further than the GDN groups), are
-  kept by the request while it runs, as it keeps the attention blocks before them: the next
-  request on the same prefix (a system prompt) finds them however fast the LRU turns over; a
-  request gives them back before it would go short of its own pages.
+* a state that served a prefix hit, the state at a shared-prefix junction (vLLM's
+  ``request.shared_prefix_boundary``: the attention groups hit further than the GDN groups) and
+  the request's latest passed boundary state are kept by the request while it runs, as it keeps
+  the attention blocks before them: the next request on the same prefix (a system prompt) finds
+  them however fast the LRU turns over; a request gives them back before it would go short of
+  its own pages, and frees its latest boundary state last when it ends.
 
 "Slack" is what the pool's free pages (evictable cached pages included) exceed a reserve by: the
 pages the step's other running requests may still need (their remaining prompts' attention pages

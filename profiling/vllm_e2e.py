@@ -18,6 +18,9 @@ Scenarios:
           longer than two steps' token budget, aborted after its first step), one aborted
           mid-decode (after 3 tokens), two that run on; the survivors' tokens must equal what
           each generates alone
+  load    requests arriving over time into a KV cache sized for a few of them, half sharing a
+          system prompt, some with a second turn (profiling/vllm_load.py; --load-* flags):
+          throughput, preemptions, TTFT/TPOT percentiles, reuse, GDN page stats
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_load  # noqa: E402
 
 
 def ids(rng, n, vocab):
@@ -141,6 +147,9 @@ def main(argv=None):
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
+    ap.add_argument("--keep-states", default=None,
+                    help="the plugin's keep_states option: all | ends | N (default: its own)")
+    vllm_load.add_args(ap)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", required=True)
     ap.add_argument("--host-profile", default=None, metavar="TXT",
@@ -162,6 +171,14 @@ def main(argv=None):
     from vllm import LLM, SamplingParams
 
     extra = {"gdn_prefill_backend": "triton", "gdn_graphs": a.plugin == "on"}
+    if a.plugin == "on" and a.keep_states is not None:
+        keep = int(a.keep_states) if a.keep_states.isdigit() else a.keep_states
+        extra["gdn_graphs"] = {"keep_states": keep}
+    kv_bytes = int(a.kv_cache_gib * 2**30) if a.kv_cache_gib else None
+    if kv_bytes is None and "load" in a.scenarios.split(","):
+        kv_bytes = vllm_load.load_kv_bytes(a.model, a)
+    if a.plugin == "on":  # the engine core writes its GDN page stats there (read by the load run)
+        os.environ["GDN_GRAPHS_PAGE_STATS"] = os.path.abspath(a.out) + ".pages"
     t0 = time.perf_counter()
     llm = LLM(model=a.model, dtype=a.dtype, tensor_parallel_size=a.tp, load_format=a.load_format,
               enable_prefix_caching=a.prefix_caching == "on", enforce_eager=a.graphs == "off",
@@ -169,7 +186,7 @@ def main(argv=None):
               max_num_seqs=64, gpu_memory_utilization=a.gpu_mem, skip_tokenizer_init=True,
               attention_backend="TRITON_ATTN", additional_config=extra, seed=0,
               disable_log_stats=False,
-              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) if a.kv_cache_gib else None,
+              kv_cache_memory_bytes=kv_bytes,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
               **({"language_model_only": True} if a.language_model_only else {}))
     start_s = time.perf_counter() - t0
@@ -180,6 +197,8 @@ def main(argv=None):
     vocab = vcfg.model_config.get_vocab_size()
     rng = np.random.default_rng(a.seed)
     res = {"config": vars(a), "engine_start_s": round(start_s, 1), "block_size": B,
+           "kv_cache_bytes": kv_bytes, "num_gpu_blocks": getattr(cc, "num_gpu_blocks", None),
+           "max_model_len": vcfg.model_config.max_model_len,
            "mamba_block_size": cc.mamba_block_size, "mamba_cache_mode": cc.mamba_cache_mode,
            "cudagraph_mode": str(vcfg.compilation_config.cudagraph_mode), "scenarios": {}}
     print(f"engine up in {start_s:.0f} s: mode {cc.mamba_cache_mode}, block {B}", flush=True)
@@ -282,6 +301,9 @@ def main(argv=None):
     if "abort" in want:
         marks["abort"] = round(time.time() - t_up, 2)
         S["abort"] = abort_scenario(llm, rng, vocab, a.max_batched, a.gen, greedy, run)
+    if "load" in want:
+        marks["load"] = round(time.time() - t_up, 2)
+        S["load"] = vllm_load.run_load(llm, rng, vocab, a, greedy(a.load_gen), B)
     res["triton_compiles_after_start"] = triton_compiles_since(t_up)
     with open(a.out, "w") as f:
         json.dump(res, f)

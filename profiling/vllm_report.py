@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_load  # noqa: E402
+
+CAPACITY = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
 
 def first_diff(a, b):
@@ -74,6 +82,8 @@ def check(res: dict) -> list:
             if "ttft" in sc:
                 runs["ttft"] = [sc["ttft"]["cold"], sc["ttft"]["warm"]]
             fp32[name] = {k: [x["tokens"] for x in v] for k, v in runs.items()}
+    for name, r in sorted(res.items()):
+        problems += vllm_load.check(name, r, r["config"].get("plugin") == "on")
     names = sorted(fp32)
     for n in names[1:]:
         for key in sorted(set(fp32[n]) & set(fp32[names[0]])):
@@ -83,8 +93,39 @@ def check(res: dict) -> list:
 
 
 def load(d) -> dict:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(d).glob("*.json"))
-            if p.stem != "summary"}
+    """DIR/*.json, each with the capacity its engine logged (DIR/NAME.log) where there is one."""
+    res = {p.stem: json.loads(p.read_text()) for p in sorted(Path(d).glob("*.json"))
+           if p.stem != "summary"}
+    for name, r in res.items():
+        log = Path(d) / f"{name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        m, c = CAPACITY.search(text), CONCURRENCY.search(text)
+        if m and c:
+            r["capacity"] = {"tokens": int(m.group(1).replace(",", "")),
+                             "per_request_tokens": int(c.group(1).replace(",", "")),
+                             "concurrency": float(c.group(2))}
+    return res
+
+
+def print_load_and_capacity(res: dict, summary: dict) -> None:
+    """The capacity each engine logged and the load scenario's figures, one line each."""
+    for name, r in res.items():
+        row = summary["configs"][name]
+        cap, L = r.get("capacity"), r["scenarios"].get("load")
+        if cap:
+            row["capacity"] = cap
+            print(f"{name}: capacity {cap['tokens']:,} tokens, concurrency {cap['concurrency']}x "
+                  f"for {cap['per_request_tokens']:,}; max_model_len {r.get('max_model_len')}")
+        if L:
+            row["load"] = {k: v for k, v in L.items()}
+            g = L.get("gdn_pages") or {}
+            print(f"{name}: load {L['finished']}/{L['requests']} done in {L['wall_s']} s, "
+                  f"{L['output_tok_per_s']} out tok/s, {L['prompt_tok_per_s']} prompt tok/s, "
+                  f"preemptions {L['preemptions']}, TTFT p50/p90/p99 {list(L['ttft_s'].values())} s, "
+                  f"TPOT {[round(x, 2) for x in L['tpot_ms'].values()]} ms, reused "
+                  f"{L['reused_tokens']} (shared hit {L['shared_hit_fraction']}), GDN pages peak "
+                  f"{g.get('peak_held', '-')} evictable {g.get('evictable', '-')} in place "
+                  f"{g.get('in_place', '-')}")
 
 
 def main(argv=None):
@@ -174,6 +215,7 @@ def main(argv=None):
             row["triton_compiles_after_start"] = where
         print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
+    print_load_and_capacity(res, summary)
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     if a.check:

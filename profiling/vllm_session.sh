@@ -9,6 +9,10 @@
 #   bash profiling/vllm_session.sh gpuprof       # torch.profiler of decode, plugin vs vLLM's own mode
 #   bash profiling/vllm_session.sh qwen3_5       # tiny Qwen3.5 dense + MoE, plugin vs vLLM's own mode
 #   bash profiling/vllm_session.sh tp2           # 80B-A3B layout, dummy weights, TP 2 (two GPUs)
+#   bash profiling/vllm_session.sh capacity      # issue 16: logged capacity at one KV size
+#   bash profiling/vllm_session.sh edge          # issue 16: the plugin at the largest
+#                                                # max_model_len vLLM's own mode accepts
+#   bash profiling/vllm_session.sh load          # issue 16: the load scenario, plugin vs own mode
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
 set -u
@@ -107,6 +111,29 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
       p=on; [ $who = vllm ] && p=off
       e2e tp2_$who $M80 --dtype bfloat16 --tp 2 --load-format dummy --plugin $p \
           --prefix-caching on --graphs on --gpu-mem 0.9 --scenarios shared,system
+    done ;;
+  capacity)  # issue 16, one engine after the other (tiny model, bf16): the same KV memory
+    # (CAP_GIB): each engine logs 'GPU KV cache size' and 'Maximum concurrency' (vllm_report
+    # reads them from the logs); a short system scenario runs too
+    for who in plugin vllm; do
+      p=on; [ $who = vllm ] && p=off
+      e2e cap_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+          --kv-cache-gib ${CAP_GIB:-41.3} --gpu-mem 0.9 --scenarios system
+    done ;;
+  edge)  # issue 16: vLLM's own mode auto-fits max_model_len (-1) to a small KV size; the plugin
+    # must start at that length with the same KV size (and serve a prompt near it)
+    kv="--kv-cache-gib ${EDGE_GIB:-0.008}"
+    e2e edge_vllm $M16 --dtype bfloat16 --plugin off --prefix-caching on --graphs on $kv \
+        --max-model-len -1 --scenarios system
+    L=$(python3 -c "import json; print(json.load(open('$D/edge_vllm.json'))['max_model_len'])")
+    echo "vLLM's own mode auto-fit max_model_len: $L"
+    e2e edge_plugin $M16 --dtype bfloat16 --plugin on --prefix-caching on --graphs on $kv \
+        --max-model-len "$L" --scenarios system,ttft --ttft-len $((L - 200)) ;;
+  load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
+    for who in ${WHO:-plugin vllm}; do
+      p=on; [ $who = vllm ] && p=off
+      e2e load_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+          --scenarios load --max-model-len 20480 --max-batched 8192 ${LOAD_ARGS:-}
     done ;;
 esac
 for f in "$D"/*.log; do

@@ -7,7 +7,8 @@ recurrence with gdn_graphs kernels on vLLM's own cache tensors.
 
 Turning it off:
 * for one engine: ``LLM(..., additional_config={"gdn_graphs": False})`` (vLLM's own GDN path and
-  its "align" prefix caching);
+  its "align" prefix caching); a dict there instead keeps it on with options
+  (``{"gdn_graphs": {"keep_states": "all" | "ends" | N, "stats_every": steps}}``);
 * for a process: ``VLLM_PLUGINS`` is vLLM's allow-list of plugins; leave ``gdn_graphs`` out of it.
 """
 

@@ -2,7 +2,8 @@
 
 Modules: ``config`` (registration and the config hook, imported in every vLLM process), ``model``
 (model classes, GDN layer, backend, metadata builder; imported where vLLM builds the model),
-``qwen3_5`` (Qwen3.5's classes; vLLM's Qwen3.5 imports torchvision), ``pages`` (the page layout).
+``qwen3_5`` (Qwen3.5's classes; vLLM's Qwen3.5 imports torchvision), ``pages`` (the page layout),
+``state_pages`` (the GDN groups' KV-cache spec and manager: capacity, page rules, page stats).
 The version-neutral parts are ``gdn_graphs.vllm.slots``, ``.builder``, ``.warmup`` and
 ``gdn_graphs.runtime``.
 
@@ -18,8 +19,36 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   ``prefix_match_unit``.
 * The custom-op out-of-tree registry: ``QwenGatedDeltaNetAttention.register_oot`` with our layer,
   after popping the private ``op_registry_oot`` entry (idempotent re-registration).
+* ``KVCacheSpecRegistry``: registers ``GDNStateSpec`` (a ``MambaSpec`` subclass, uniform base
+  ``MambaSpec``) with ``GDNStateManager`` (a ``MambaManager`` subclass), after the private
+  ``_ensure_registered()`` (the registry fills itself with vLLM's specs only while empty). Only
+  our layer makes that spec, in mode "all" with our kernels on; every other spec keeps vLLM's
+  manager.
 
 What it reads or overrides:
+* ``QwenGatedDeltaNetAttention.get_kv_cache_spec`` (ours returns ``GDNStateSpec`` in mode "all").
+* ``MambaSpec.max_memory_usage_bytes`` (one page per request: what ``get_kv_cache_capacity``,
+  the "GPU KV cache size" log and the start-up check ``_check_enough_kv_cache_memory`` /
+  ``_max_memory_usage_bytes_from_groups`` count) and ``max_num_blocks_per_req`` (kept at
+  ``cdiv(max_len, block_size)``: the worker's block-table row); ``vllm_config.max_in_flight_tokens``.
+* ``MambaManager`` in mode "all": overrides ``get_num_blocks_to_allocate``,
+  ``allocate_new_blocks``, ``add_local_computed_blocks``, ``remove_skipped_blocks``,
+  ``pop_blocks_for_free``, ``new_step_starts`` and ``cache_blocks``, which first gives
+  ``Request.shared_prefix_boundary`` a page by writing it into the list ``allocate_new_blocks``
+  returned this step (``KVCacheManager.allocate_slots`` makes that list the step's block ids
+  after calling ``cache_blocks``). Reads ``req_to_blocks``, ``block_size``,
+  ``kv_cache_group_id``, ``cached_blocks_this_step``, ``_null_block``,
+  ``_get_num_evictable_blocks``; ``BlockPool.get_num_free_blocks``, ``get_new_blocks``,
+  ``free_blocks``, ``num_gpu_blocks``, the private
+  ``_maybe_evict_cached_block`` (a page whose state is rewritten in place leaves the prefix
+  cache) and ``cached_block_hash_to_block._cache`` (the evictable-page count);
+  ``KVCacheBlock.ref_cnt``, ``is_null``, ``block_hash``; the key layout of
+  ``kv_cache_utils.make_block_hash_with_group_id`` (group id in the last 4 bytes);
+  ``Request.request_id``; ``vllm_config.kv_transfer_config`` (no junction pages with a KV
+  connector). ``find_longest_cache_hit`` stays vLLM's (right-to-left scan: block-by-block
+  fallback).
+* ``additional_config["gdn_graphs"]`` as a dict keeps the plugin on and carries its options
+  (``keep_states``, ``stats_every``, ``stats_interval_s``).
 * ``QwenGatedDeltaNetAttention``: overrides ``_forward_core`` and ``get_attn_backend``; reads
   ``conv1d``, ``A_log``, ``dt_bias``, ``kv_cache``, ``prefix``, ``tp_size``, ``num_k_heads``,
   ``num_v_heads``, ``head_k_dim``, ``head_v_dim``, ``activation``, ``get_state_dtype()``;

@@ -30,6 +30,10 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
+    # our KV-cache spec and its manager, in every process: the engine core builds the manager
+    # from specs that the workers' layers made
+    import gdn_graphs.vllm.v0_26.state_pages  # noqa: F401  (registers on import)
+
     for arch, cls in MODEL_CLASSES.items():
         ModelRegistry.register_model(arch, cls)
         prev = MODELS_CONFIG_MAP.get(arch)

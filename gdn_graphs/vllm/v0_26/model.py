@@ -33,6 +33,7 @@ from gdn_graphs.vllm.builder import GDNResources, StepBuilder
 from gdn_graphs.vllm.slots import plan_block_size
 from gdn_graphs.vllm.v0_26.config import ARCHS
 from gdn_graphs.vllm.v0_26.pages import cache_views
+from gdn_graphs.vllm.v0_26.state_pages import state_spec
 from gdn_graphs.vllm.warmup import warm_up_kernels
 
 logger = init_logger("vllm.gdn_graphs")
@@ -200,6 +201,14 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
 
     def get_attn_backend(self):
         return GDNGraphsBackend if self._gdn_graphs else super().get_attn_backend()
+
+    def get_kv_cache_spec(self, vllm_config):
+        """Mode "all" on our kernels: GDNStateSpec, which counts the one page a request needs
+        and gets GDNStateManager, which keeps to it (state_pages.py)."""
+        spec = super().get_kv_cache_spec(vllm_config)
+        if self._gdn_graphs and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "all":
+            return state_spec(spec, vllm_config)
+        return spec
 
     def _weights(self) -> GDNWeights:
         w = self.conv1d.weight

@@ -22,6 +22,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
 fi
+# wheels or vLLM's parts unpacked by an earlier call of the same warm machine
+case ":$PYTHONPATH:" in *:/tmp/site:*) ;; *) [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site ;; esac
 if [ -d /tmp/fisite ]; then
   # the CuTe-DSL package is found through a .pth file, which PYTHONPATH does not read
   export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages

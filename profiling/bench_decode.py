@@ -67,6 +67,10 @@ BF16_SWEEP_QUICK = [(8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (128, 8
 # to test whether registers (programs resident per SM) are what limits bf16 pools
 BF16_SWEEP_MAXNREG = [(16, 2, 64), (16, 2, 96), (16, 1, 96), (32, 2, 96), (32, 2, 128),
                       (32, 4, 64)]
+# (BV, num_warps, nsub): nsub [BV, K] tiles per program, each one's successor loaded during its
+# math (gdn_decode's nsub), for bf16 and fp32 pools (NSUB_SWEEP_B)
+NSUB_SWEEP = [(8, 1, 2), (8, 1, 4), (16, 2, 2), (16, 2, 4), (16, 1, 4), (32, 2, 2), (4, 1, 4)]
+NSUB_SWEEP_B = (64, 256, 1024)
 COLUMNS = ("ours", "fla", "vllm", "fi")
 POOL_DTYPES = ("fp32", "bf16")
 GiB = 1 << 30
@@ -699,7 +703,7 @@ def default_config_of(gdn_decode, B, dtype):
     return default_config(K, V, B, dtype)
 
 
-def make_ours_raw(BV, num_warps, maxnreg=None, info=None):
+def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1):
     """Ours' kernel launched directly (the arguments gdn_decode's _launch passes for one token per
     row, no PDL, no error flag) so that a sweep can also cap registers per thread (Triton's
     ``maxnreg``) and read the compiled kernel's registers and spills into ``info``."""
@@ -709,8 +713,8 @@ def make_ours_raw(BV, num_warps, maxnreg=None, info=None):
     def make(x, pool, rs, ws, out):
         o = out[:, 0]
         N = x.q.shape[0]
-        grid = (N, HV * triton.cdiv(V, BV))
-        kw = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+        grid = (N, HV * triton.cdiv(V, BV * nsub))
+        kw = dict(num_warps=num_warps, NSUB=nsub, **({"maxnreg": maxnreg} if maxnreg else {}))
 
         def call():
             ck = _gdn_decode_kernel[grid](
@@ -732,14 +736,15 @@ def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
     set_tp(1)
     rows = []
     batches = [B for B in (args.batches or BF16_SWEEP_B) if B in BF16_SWEEP_B] or list(BF16_SWEEP_B)
-    configs = [(BV, nw, None) for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP)]
-    configs += [] if args.quick else list(BF16_SWEEP_MAXNREG)
+    configs = [(BV, nw, None, 1) for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP)]
+    configs += [] if args.quick else [(BV, nw, cap, 1) for BV, nw, cap in BF16_SWEEP_MAXNREG]
+    configs += [(BV, nw, None, ns) for BV, nw, ns in NSUB_SWEEP]
     for B in progress(batches, desc="bf16 sweep"):
-        for BV, nw, maxnreg in configs:
+        for BV, nw, maxnreg, ns in configs:
             info = {}
-            r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info))], B, torch.bfloat16,
-                             budget, target, ref_make=make_ours(gdn_decode))
-            r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, **info)
+            r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info, ns))], B,
+                             torch.bfloat16, budget, target, ref_make=make_ours(gdn_decode))
+            r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, nsub=ns, **info)
             if "TBps" in r:
                 r["ratio_to_copy"] = r["TBps"] / copy
             rows.append(r)
@@ -750,6 +755,24 @@ def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
                              budget, target, ref_make=make_ours(gdn_decode))
             cfg = default_config_of(gdn_decode, B, torch.bfloat16)
             r.update(BV=cfg[0], num_warps=cfg[1], maxnreg=None, pdl=True)
+            if "TBps" in r:
+                r["ratio_to_copy"] = r["TBps"] / copy
+            rows.append(r)
+    return rows
+
+
+def run_nsub_sweep_fp32(bench, torch, gdn_decode, args, budget, target, copy):
+    """Ours with an fp32 pool at TP 1 over NSUB_SWEEP (tiles per program), B in NSUB_SWEEP_B,
+    each row checked against the default config (the bf16 sweep holds the bf16 rows)."""
+    set_tp(1)
+    rows = []
+    batches = [B for B in (args.batches or NSUB_SWEEP_B) if B in NSUB_SWEEP_B] or list(NSUB_SWEEP_B)
+    for B in progress(batches, desc="fp32 nsub sweep"):
+        for BV, nw, ns in NSUB_SWEEP:
+            info = {}
+            r = bench_column(bench, [("", make_ours_raw(BV, nw, None, info, ns))], B,
+                             torch.float32, budget, target, ref_make=make_ours(gdn_decode))
+            r.update(BV=BV, num_warps=nw, maxnreg=None, nsub=ns, **info)
             if "TBps" in r:
                 r["ratio_to_copy"] = r["TBps"] / copy
             rows.append(r)
@@ -836,7 +859,8 @@ def _sweep_cfg(r):
     spill = f" {r['n_spills']}sp" if r.get("n_spills") else ""
     cap = f" cap{r['maxnreg']}" if r.get("maxnreg") else ""
     pdl = " pdl" if r.get("pdl") else ""
-    return f"BV {r['BV']}/{r['num_warps']}w{cap}{pdl}{regs}{spill}"
+    nsub = f" x{r['nsub']}" if r.get("nsub", 1) > 1 else ""
+    return f"BV {r['BV']}/{r['num_warps']}w{nsub}{cap}{pdl}{regs}{spill}"
 
 
 def print_columns(results):
@@ -876,17 +900,18 @@ def print_columns(results):
             f"{c} {p} {worst.get((c, p, 'rel_diff_out'), float('nan')):.1e} / "
             f"{worst.get((c, p, 'rel_diff_state'), float('nan')):.1e}"
             for c, p in sorted({(c, p) for c, p, _ in worst})))
-    sw = [r for r in results.get("bf16_sweep", []) if "TBps" in r]
-    for B in sorted({r["B"] for r in sw}):
-        best = sorted((r for r in sw if r["B"] == B), key=lambda r: -r["TBps"])[:5]
-        print(f"bf16 sweep B={B} (best 5 of {sum(r['B'] == B for r in sw)}): " + ", ".join(
-            f"{_sweep_cfg(r)} {100 * r['TBps'] / copy:.1f}%" for r in best))
-    for r in results.get("bf16_sweep", []):
-        if "error" in r:
-            print(f"  bf16 sweep B={r['B']} {_sweep_cfg(r)} failed: {r['error'][:150]}")
-        elif isinstance(r.get("rel_diff_out"), float) and r["rel_diff_out"] > 1e-2:
-            print(f"  bf16 sweep B={r['B']} {_sweep_cfg(r)}: out differs from the default config "
-                  f"by {r['rel_diff_out']:.1e}")
+    for key, name in (("bf16_sweep", "bf16 sweep"), ("fp32_nsub_sweep", "fp32 nsub sweep")):
+        sw = [r for r in results.get(key, []) if "TBps" in r]
+        for B in sorted({r["B"] for r in sw}):
+            best = sorted((r for r in sw if r["B"] == B), key=lambda r: -r["TBps"])[:5]
+            print(f"{name} B={B} (best 5 of {sum(r['B'] == B for r in sw)}): " + ", ".join(
+                f"{_sweep_cfg(r)} {100 * r['TBps'] / copy:.1f}%" for r in best))
+        for r in results.get(key, []):
+            if "error" in r:
+                print(f"  {name} B={r['B']} {_sweep_cfg(r)} failed: {r['error'][:150]}")
+            elif isinstance(r.get("rel_diff_out"), float) and r["rel_diff_out"] > 1e-2:
+                print(f"  {name} B={r['B']} {_sweep_cfg(r)}: out differs from the default "
+                      f"config by {r['rel_diff_out']:.1e}")
 
 
 def print_table(results):
@@ -936,6 +961,7 @@ def _dry_run_setup():
     import os
     global DEVICE, TP_HEADS, K, V, LAYERS, BATCHES, BATCHES_TP2, SWEEP_B, SWEEP, SWEEP_QUICK
     global BF16_SWEEP_B, BF16_SWEEP, BF16_SWEEP_QUICK, BF16_SWEEP_MAXNREG, MIN_LAUNCHES
+    global NSUB_SWEEP, NSUB_SWEEP_B
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
     TP_HEADS = {1: (1, 2), 2: (1, 1)}
@@ -945,6 +971,7 @@ def _dry_run_setup():
     SWEEP = SWEEP_QUICK = [(4, 1), (8, 1)]
     BF16_SWEEP = BF16_SWEEP_QUICK = [(8, 1), (16, 2)]
     BF16_SWEEP_MAXNREG = []
+    NSUB_SWEEP, NSUB_SWEEP_B = [(4, 1, 2)], (4,)
     MIN_LAUNCHES = 2
     set_tp(1)
 
@@ -1054,6 +1081,10 @@ def main(argv=None):
     if not args.no_sweep and 1 in args.tp and "bf16" in args.pools and "ours" in args.only:
         print("bf16-pool sweep of ours (BV, num_warps)", flush=True)
         results["bf16_sweep"] = run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy)
+    if not args.no_sweep and 1 in args.tp and "fp32" in args.pools and "ours" in args.only:
+        print("fp32-pool sweep of ours' tiles per program (nsub)", flush=True)
+        results["fp32_nsub_sweep"] = run_nsub_sweep_fp32(bench, torch, gdn_decode, args, budget,
+                                                         target, copy)
 
     print_table(results)
     json_path.write_text(json.dumps(results, indent=1, default=str))

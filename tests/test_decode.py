@@ -176,6 +176,35 @@ def test_decode_tile_overrides(BV, num_warps, device):
                  BV=BV, num_warps=num_warps)
 
 
+@pytest.mark.parametrize("nsub,BV,V", [(2, 4, 16), (4, 4, 16), (2, 8, 20), (8, 4, 16)])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_decode_subtiles_equal_one_tile_bitwise(nsub, BV, V, state_dtype, device):
+    """nsub tiles per program (the successor's load before the math, q/k/gates once): the
+    reference answer and exactly the bits of one tile per program, incl. a partial last tile
+    (V = 20), tiles past V (nsub * BV > V), padded and in-place rows, guards untouched."""
+    N, K = 5, 16
+    in_dtype = torch.float32 if state_dtype == torch.float32 else torch.bfloat16
+    inputs = make_inputs(N, K, V, in_dtype, device, seed=nsub * 10 + BV)
+    buf, pool = make_pool(12, HV, V, K, state_dtype, device, seed=nsub)
+    reads, writes = slot_layout(["move", "pad", "inplace", "fresh", "drop"], 12,
+                                random.Random(nsub + BV))
+    pool1 = pool.clone()
+    res = check_decode(*inputs, buf, pool, reads, writes, None, in_dtype, BV=BV, num_warps=1,
+                       nsub=nsub)
+    t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    one = gdn_decode(*inputs, pool1, t(reads), t(writes), BV=BV, num_warps=1)
+    assert torch.equal(bits(res), bits(one)) and torch.equal(bits(pool), bits(pool1))
+
+
+def test_decode_nsub_must_be_a_power_of_two(device):
+    N, K = 2, 16
+    inputs = make_inputs(N, K, K, torch.float32, device)
+    _, pool = make_pool(4, HV, K, K, torch.float32, device)
+    rs = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="nsub must be a power of two"):
+        gdn_decode(*inputs, pool, rs, rs, nsub=3)
+
+
 def test_decode_non_power_of_two_dims(device):
     """K = 24, V = 20: masked lanes along K and a partial last V tile; HK = HV (no grouping)."""
     N, K, V, hk, hv = 3, 24, 20, 3, 3
@@ -512,6 +541,25 @@ def test_gpu_tile_configs(BV, num_warps, gpu):
                      num_warps=num_warps)
     torch.cuda.synchronize()
     _qwen_check(pool, pool0, res, inputs, reads, writes, 2e-2, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("BV,num_warps,nsub", [(8, 1, 2), (8, 1, 4), (16, 2, 2), (16, 2, 4),
+                                               (16, 1, 8)])
+def test_gpu_subtiles_equal_one_tile_bitwise(BV, num_warps, nsub, pool_dtype, gpu):
+    """On the GPU (the compiled loop), Qwen3-Next shapes: nsub tiles per program give exactly
+    the outputs and states of one tile per program with the same (BV, num_warps)."""
+    N = 48
+    inputs = _qwen_inputs(N, gpu, seed=nsub)
+    pool = _qwen_pool(2 * N + 1, gpu, dtype=pool_dtype, seed=nsub)
+    pool1 = pool.clone()
+    rs = torch.arange(N, dtype=torch.int32, device=gpu)
+    ws = torch.arange(N, 2 * N, dtype=torch.int32, device=gpu)
+    o = gdn_decode(*inputs, pool, rs, ws, BV=BV, num_warps=num_warps, nsub=nsub)
+    o1 = gdn_decode(*inputs, pool1, rs, ws, BV=BV, num_warps=num_warps)
+    torch.cuda.synchronize()
+    assert torch.equal(bits(o), bits(o1)) and torch.equal(bits(pool), bits(pool1))
 
 
 @pytest.mark.gpu

@@ -113,17 +113,19 @@ def _gdn_decode_kernel(
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_FLAG: tl.constexpr,
+    HAS_FLAG: tl.constexpr, NSUB: tl.constexpr = 1,
 ):
     i_n = tl.program_id(0)
     i_j = tl.program_id(1)
-    NV: tl.constexpr = (V + BV - 1) // BV
+    # a program owns NSUB consecutive [BV, K] tiles of one head (NSUB > 1: one-token rows only)
+    tl.static_assert((NSUB == 1) or (not IS_VARLEN))
+    NV: tl.constexpr = (V + BV * NSUB - 1) // (BV * NSUB)
     i_hv = i_j // NV
     i_v = i_j % NV
     i_hk = i_hv // (HV // HK)
 
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
+    o_v = i_v * (BV * NSUB) + tl.arange(0, BV)
     mask_k = o_k < K
     mask_v = o_v < V
     mask_h = mask_v[:, None] & mask_k[None, :]
@@ -186,13 +188,29 @@ def _gdn_decode_kernel(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_n, i_hk, i_hv, neg_A, dt_bias,
                 stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
                 o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
-            b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
             p_write = ssm_ptr + tl.where(w_ok, w_slot, 0).to(tl.int64) * stride_slot + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & w_ok)
-            tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+            # Tile s covers rows o_v + s * BV. Its successor's state load is issued before its
+            # math, so a program keeps a tile in flight while it computes (more bytes in flight
+            # per register than one tile a program); q, k and the gates are loaded once for all.
+            for s in tl.static_range(NSUB):
+                m_v = (o_v + s * BV) < V
+                m_h = m_v[:, None] & mask_k[None, :]
+                if s + 1 < NSUB:
+                    m_next = ((o_v + (s + 1) * BV) < V)[:, None] & mask_k[None, :]
+                    b_next = tl.load(p_read + (s + 1) * BV * K, mask=m_next & r_ok, other=0.)
+                if s > 0:
+                    b_v = tl.load(v_ptr + i_n.to(tl.int64) * stride_vt + i_hv * V + o_v + s * BV,
+                                  mask=m_v, other=0.).to(tl.float32)
+                b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
+                tl.store(p_write + s * BV * K, b_h.to(p_write.dtype.element_ty), mask=m_h & w_ok)
+                tl.store(p_o + s * BV, b_o.to(p_o.dtype.element_ty), mask=m_v)
+                if s + 1 < NSUB:
+                    b_h = b_next.to(tl.float32)
         else:
             # padded row: no slot to read or write, output is exactly zero
-            tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+            for s in tl.static_range(NSUB):
+                tl.store(p_o + s * BV, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty),
+                         mask=(o_v + s * BV) < V)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +335,7 @@ def _resolve_config(K, V, N, ssm, BV, num_warps):
 # --------------------------------------------------------------------------------------------
 
 def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-            write_stride, write_width, N, scale, BV, num_warps, pdl, error_flag):
+            write_stride, write_width, N, scale, BV, num_warps, pdl, error_flag, nsub=1):
     """One launch of the kernel over N rows; checks already done, nothing here syncs.
 
     cu_seqlens None: row i is token i and writes write_slots[i] (write_stride, write_width 1).
@@ -330,14 +348,14 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
     HK, K = q.shape[1], q.shape[2]
     HV, V = v.shape[1], v.shape[2]
     scale = K ** -0.5 if scale is None else float(scale)
-    grid = (N, HV * triton.cdiv(V, BV))
+    grid = (N, HV * triton.cdiv(V, BV * nsub))
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm, out,
         cu_seqlens, read_slot, write_slots, error_flag,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         ssm.stride(0), write_stride, write_width, q.shape[0], ssm.shape[0],
         scale,
-        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, num_warps=num_warps,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, NSUB=nsub, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
     return out
@@ -348,7 +366,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
 # --------------------------------------------------------------------------------------------
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
-               *, BV=None, num_warps=None, pdl=False, error_flag=None):
+               *, BV=None, num_warps=None, pdl=False, error_flag=None, nsub=1):
     """One GDN decode token per row, state read from and written to a slot pool.
 
     Args:
@@ -372,6 +390,9 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
                      every element is written. Allocated when None.
         scale:       q scale after l2norm, default K ** -0.5.
         BV, num_warps: tile height and warps per program (defaults: ``default_config``).
+        nsub:        [BV, K] tiles per program (a power of two), each one's successor loaded
+                     while it is computed; 1 (the default) is one tile per program. The same
+                     arithmetic per row whatever nsub: outputs and states are bit-identical.
         pdl:         launch with programmatic dependent launch (CUDA, sm_90+): the slot and state
                      loads overlap the previous kernel in the stream, and the next kernel may
                      start before this one ends. Requires that the kernel just before this one
@@ -387,10 +408,12 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slot", write_slot, N, q.device)
     BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
+    if not isinstance(nsub, int) or nsub < 1 or nsub & (nsub - 1):
+        _fail(f"nsub must be a power of two, got {nsub!r}")
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
-                   N, scale, BV, num_warps, pdl, error_flag)
+                   N, scale, BV, num_warps, pdl, error_flag, nsub=nsub)
 
 
 def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,

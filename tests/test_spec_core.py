@@ -71,6 +71,32 @@ def test_multi_kernels_equal_token_by_token(pool_dtype, in_dtype, device):
     multi_vs_token_by_token(device, pool_dtype, in_dtype)
 
 
+@pytest.mark.parametrize("width", [2, 3, 6, 8])
+def test_conv_multi_every_width(width, device):
+    """conv_decode_multi equals conv_decode token by token for every kernel width, without bias,
+    with a 0-token row and a row longer than its write-slot table (its tokens past the table are
+    computed and stored nowhere; the reference keeps them in two scratch slots of its own)."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(9, C, generator=g).to(device)
+    w = torch.randn(C, width, generator=g).to(device)
+    pool = torch.randn(12, C, width - 1, generator=g).to(device)
+    p1 = pool.clone()
+    p2 = torch.cat([pool, torch.zeros(2, C, width - 1, device=device)])  # + scratch 12, 13
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+    reads, ws = [3, 4, _], [[3, 5, 6], [7, 8, 9], [10, 11, 2]]
+    y = conv_decode_multi(x, w, None, p1, i32([0, 5, 5, 9]), i32(reads), i32(ws))
+    ref_ws = [[3, 5, 6, 12, 13], [], [10, 11, 2, _]]
+    y2 = torch.empty_like(y)
+    for i, start in enumerate([0, 5, 5]):
+        r = reads[i]
+        for t, wslot in enumerate(ref_ws[i]):
+            y2[start + t] = conv_decode(x[start + t:start + t + 1], w, None, p2, i32([r]),
+                                        i32([wslot]))[0]
+            r = wslot
+    assert_bits_equal(y, y2, "outputs")
+    assert_bits_equal(p1, p2[:12], "pool")
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_every_acceptance_count(k):
     """Each acceptance a = 1 .. k + 1 (0 .. k drafts accepted), forced for every spec row, over

@@ -7,7 +7,9 @@
   and prefill rows, through GDNPlanner + run_gdn_core, against a world that runs only the
   accepted tokens one at a time as plain decode rows: spec_world.simulate's checks (outputs,
   stored states, the next read slot, committed blocks untouched, slots outside the plan
-  untouched), bit for bit.
+  untouched), bit for bit;
+* a batch of spec rows padded to a graph bucket equals the unpadded batch (padded rows store
+  nothing).
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ from hypothesis import strategies as st
 
 from gdn_graphs.constants import NO_SLOT
 from gdn_graphs.ops import conv_decode, conv_decode_multi, gdn_decode, gdn_decode_multi
+from gdn_graphs.ops.workspace import ChunkWorkspace
+from gdn_graphs.runtime.core import run_gdn_core
+from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from helpers import assert_bits_equal, guarded_pool
-from spec_world import simulate
+from spec_world import C as SC, HV as SHV, NUM_SLOTS, V as SV, clone_pools, make_layer, \
+    make_pools, simulate
 
 HK, HV, K, V, C, W = 1, 2, 16, 16, 40, 4
 _ = NO_SLOT
@@ -113,3 +119,29 @@ def test_every_acceptance_count(k):
 def test_random_spec_plans_equal_accepted_tokens_one_at_a_time(seed, k, pool_dtype):
     _, done = simulate("cpu", k, steps=4, seed=seed, pool_dtype=pool_dtype, num_reqs=4)
     assert done >= 1
+
+
+def test_padded_spec_rows_touch_nothing():
+    """A batch of spec rows padded to a bucket (pad_spec_to, what a FULL graph replays) gives the
+    real rows' outputs and pools of the unpadded batch bit for bit; padded rows store nothing."""
+    k, L = 2, 3
+    w = make_layer("cpu", seed=3)
+    p = GDNPlanner(PlanLimits(8, 64, 64, NUM_SLOTS, 4, max_spec_len=L))
+    ws = ChunkWorkspace(64, SHV, 16, SV, torch.float32, "cpu", HK=1)
+    rows = dict(num_computed=[62, 130], num_scheduled=[L, L], block_tables=[[1, 2], [3, 4, 5]],
+                spec=[True, True], rings=[[40, 41, 42, 43], [50, 51, 52, 53]], accepted=[0, 2])
+    g = torch.Generator().manual_seed(0)
+    x, a, b = torch.randn(4 * L, SC, generator=g), torch.randn(4 * L, SHV, generator=g), \
+        torch.randn(4 * L, SHV, generator=g)
+    results = []
+    for pad in (None, 4):
+        pools = make_pools("cpu", torch.float32, seed=3)
+        step = p.plan(**rows, pad_spec_to=pad)
+        T = step.num_tokens
+        out = torch.empty(T, SHV, SV)
+        run_gdn_core(x[:T], a[:T], b[:T], w, pools, step, out, ws)
+        results.append((out[:2 * L].clone(), clone_pools(pools)))
+    (o1, p1), (o2, p2) = results
+    assert_bits_equal(o1, o2, "real rows' outputs")
+    assert_bits_equal(p1.ssm, p2.ssm, "ssm pool")
+    assert_bits_equal(p1.conv, p2.conv, "conv pool")

@@ -149,20 +149,20 @@ def test_gpu_spec_modes_identical(gpu):
     prompts = [prompt_of(150 + 40 * i, 60 + i) for i in range(3)]
     ref = engine(model, mode="eager", num_slots=64).generate(prompts, 24)
     seqs = [p + r.output for p, r in zip(prompts, ref)]
-    for mode in ("eager", "piecewise", "full"):
-        for caching in (True, False):
-            for drafter in ("ngram", "oracle"):
-                eng = engine(model, spec="ngram", k=3, mode=mode, num_slots=64,
-                             enable_prefix_caching=caching, progress=False)
-                if drafter == "oracle":
-                    eng.drafter = OracleDrafter(seqs, 3, seed=2)
-                for _ in range(2):  # cold, then warm (hits)
-                    out = eng.generate(prompts, 24)
-                    assert [r.output for r in out] == [r.output for r in ref], (mode, caching)
-                if drafter == "oracle":
-                    assert eng.spec_stats.tokens_per_row > 1.5
-                if mode == "full":
-                    assert any(k.kind == "spec" for k in eng._graphs.stats.replays_by_key)
+    configs = [(mode, caching, "oracle") for mode in ("eager", "piecewise", "full")
+               for caching in (True, False)] + [("full", True, "ngram")]
+    for mode, caching, drafter in configs:
+        eng = engine(model, spec="ngram", k=3, mode=mode, num_slots=64,
+                     enable_prefix_caching=caching, progress=False)
+        if drafter == "oracle":
+            eng.drafter = OracleDrafter(seqs, 3, seed=2)
+        for _ in range(2):  # cold, then warm (hits)
+            out = eng.generate(prompts, 24)
+            assert [r.output for r in out] == [r.output for r in ref], (mode, caching)
+        if drafter == "oracle":
+            assert eng.spec_stats.tokens_per_row > 1.5
+        if mode == "full":
+            assert any(k.kind == "spec" for k in eng._graphs.stats.replays_by_key)
 
 
 @pytest.mark.gpu

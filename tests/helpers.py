@@ -83,7 +83,8 @@ def assert_only_slots_changed(buf: torch.Tensor, buf0: torch.Tensor, written=(),
 class RerunBackend:
     """CPU stand-in for CUDA graphs (GraphManager's backend): a replay re-runs the captured
     ``fn(size)`` and copies its result into the graph's static outputs, which is what a replay
-    means to the caller. Set ``manager`` (the GraphManager) and ``fn`` after capture."""
+    means to the caller. Set ``manager`` (the GraphManager) and ``fn`` after capture (a dict
+    kind -> fn where the manager captures several kinds)."""
 
     def __init__(self):
         self.manager = self.fn = None
@@ -106,7 +107,8 @@ class RerunBackend:
 
     def replay(self, graph):
         key, entry = next((k, e) for k, e in self.manager.captured.items() if e.graph is graph)
-        new = self.fn(key.size)
+        fn = self.fn[key.kind] if isinstance(self.fn, dict) else self.fn
+        new = fn(key.size)
         if isinstance(new, torch.Tensor):
             entry.outputs.copy_(new)
         else:

@@ -46,6 +46,34 @@ def test_tiny_demo_json(tmp_path):
     assert all(h == 0 for (caching, _, _), h in hits.items() if caching == "off")
 
 
+def test_tiny_demo_spec_json(tmp_path):
+    """--spec ngram: every configuration once more with speculation (k = 2); the tokens are the
+    same as without it and the acceptance is reported (in a subprocess, as users run it)."""
+    out = tmp_path / "demo.json"
+    argv = ["demo", "--modes", "eager", "--prompt-repeats", "1", "--max-new-tokens", "3",
+            "--block-size", "64", "--spec", "ngram", "--num-spec-tokens", "2",
+            "--json-out", str(out), "--quiet"]
+    proc = subprocess.run([sys.executable, "-m", "gdn_graphs.engine.cli", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "identical across all configurations: yes" in proc.stdout
+    assert "tokens accepted per spec row and step" in proc.stdout
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert len(rows) == 2 * 2 * (3 + 3) and {r["spec"] for r in rows} == {"off", "ngram k=2"}
+    for key in {(r["scenario"], r["run"]) for r in rows}:
+        toks = {tuple(r["tokens"]) for r in rows if (r["scenario"], r["run"]) == key}
+        assert len(toks) == 1, key
+    assert len({tuple(r["tokens"]) for r in rows if r["scenario"] == "long prompt"}) == 1
+    hits = [r["hit"] for r in rows if r["spec"] != "off" and r["caching"] == "on"]
+    assert hits == [0, 128, 128, 0, 128, 128]
+    assert [(s["mode"], s["caching"], s["k"]) for s in res["spec"]] == [("eager", "on", 2),
+                                                                         ("eager", "off", 2)]
+    for s in res["spec"]:
+        assert s["spec_rows"] > 0 and 1 <= s["tokens_per_row"] <= 3
+        assert len(s["accepted_per_step"]) >= 1
+
+
 BAD = [
     (["--block-size", "100"], "--block-size"),
     (["--block-size", "-64"], "--block-size"),
@@ -65,6 +93,10 @@ BAD = [
     (["--preset", "huge"], "--preset"),
     (["--dtype", "fp8"], "--dtype"),
     (["--json-out", "/nonexistent-folder/x.json"], "--json-out"),
+    (["--spec", "eagle"], "--spec"),
+    (["--spec", "ngram", "--num-spec-tokens", "0"], "--num-spec-tokens"),
+    (["--spec", "ngram", "--num-spec-tokens", "64", "--block-size", "64"], "--num-spec-tokens"),
+    (["--spec", "ngram", "--num-spec-tokens", "20", "--max-tokens", "64"], "--num-spec-tokens"),
 ]
 
 

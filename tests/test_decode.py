@@ -302,7 +302,10 @@ def check_multi(lens, reads, write_slots, K, V, in_dtype, state_dtype, device, n
         for t in range(e - s):
             w = write_slots[i][t] if t < len(write_slots[i]) else NO_SLOT
             if w != NO_SLOT:
-                assert rel(pool[w], states[t]) < STATE_TOL[state_dtype], f"row {i} token {t}"
+                # the state is rounded to the pool's dtype after every token (as token-by-token
+                # gdn_decode does), so a bf16 state's error grows with the tokens behind it
+                tol = STATE_TOL[state_dtype] * (1 + t)
+                assert rel(pool[w], states[t]) < tol, f"row {i} token {t}"
                 written.add(w)
     for s in range(num_slots):
         if s not in written:

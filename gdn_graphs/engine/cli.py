@@ -2,7 +2,8 @@
 
     gdn-graphs demo [--json] [--json-out PATH] [--preset tiny|qwen3-next] [--prompt-repeats N]
                     [--modes eager,...] [--block-size B] [--max-tokens T] [--max-new-tokens N]
-                    [--dtype float32|bfloat16] [--nvtx] [--quiet]
+                    [--dtype float32|bfloat16] [--spec ngram [--num-spec-tokens K]] [--nvtx]
+                    [--quiet]
     gdn-graphs verify [--json]
     gdn-graphs profile --out DIR [--nvtx-only] [--preset P] [--layers N] [--mode M] ...
 
@@ -10,6 +11,9 @@ The demo's reference scenario: a prompt made of a ~100-token paragraph repeated 
 tail, generated three times (a warm-up, then two measured runs) with prefix caching on and off, in
 every available mode; then a shared system prompt followed by different questions. It prints hits,
 time to first token and decode speed, and whether every configuration generated the same tokens.
+With ``--spec ngram`` every mode and caching setting also runs with speculative decoding (n-gram
+prompt-lookup drafts, k per step): the tokens must be the same as without it, and the table
+reports the tokens accepted per spec row and step.
 
 Without a CUDA GPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1 is set here
 before anything imports triton), the model is the tiny preset, the prompt is short, and the
@@ -87,11 +91,32 @@ def _demo_settings(args, has_gpu: bool) -> dict:
     return s
 
 
-def _row(mode, caching, scenario, run, req) -> dict:
+def _row(mode, caching, scenario, run, req, spec=None) -> dict:
     m = req.metrics
     return dict(mode=mode, caching="on" if caching else "off", scenario=scenario, run=run,
-                queried=m.queried_tokens, hit=m.hit_tokens, ttft_ms=m.ttft_s * 1e3,
-                decode_tok_s=m.decode_tok_s, tokens=list(req.output))
+                spec=spec or "off", queried=m.queried_tokens, hit=m.hit_tokens,
+                ttft_ms=m.ttft_s * 1e3, decode_tok_s=m.decode_tok_s, tokens=list(req.output))
+
+
+def _run_config(eng, spec, prompt, system, questions, max_new, rows, log):
+    """The demo's scenarios on one engine: the long prompt three times, then the system prompt
+    with each question; appends a row per request to ``rows``. Returns the engine's speculation
+    statistics (with its mode and caching), or None without speculation."""
+    mode, caching = eng.cfg.mode, eng.cfg.enable_prefix_caching
+    for run in ("warm-up", "1", "2"):
+        req = eng.generate([prompt], max_new)[0]
+        rows.append(_row(mode, caching, "long prompt", run, req, spec))
+        log(f"  run {run}: hit {req.metrics.hit_tokens}/{req.metrics.queried_tokens} "
+            f"TTFT {req.metrics.ttft_s * 1e3:.0f} ms")
+    for i, q in enumerate(questions):
+        req = eng.generate([system + q], max_new)[0]
+        rows.append(_row(mode, caching, "system prompt", f"q{i}", req, spec))
+    if not spec:
+        return None
+    st = dict(mode=mode, caching="on" if caching else "off", **eng.spec_stats.as_dict())
+    log(f"  speculation: {st['tokens_per_row']:.2f} tokens accepted per spec row and step "
+        f"({100 * st['draft_acceptance']:.0f}% of drafts)")
+    return st
 
 
 def run_demo(args) -> dict:
@@ -128,7 +153,9 @@ def run_demo(args) -> dict:
         f"{num_slots} state slots x {model.pool_bytes_per_slot() / 2**20:.1f} MiB")
 
     modes = args.modes or list(MODES)  # the parser checked the modes given
-    status, rows = {}, []
+    k = args.num_spec_tokens if args.spec else 0
+    specs = [None] + ([f"{args.spec} k={k}"] if args.spec else [])
+    status, rows, spec_stats = {}, [], []
     for mode in modes:
         ok, why = mode_available(mode, device)
         if not ok:
@@ -136,20 +163,19 @@ def run_demo(args) -> dict:
             log(f"[demo] {mode}: {why}")
             continue
         status[mode] = "ok"
-        for caching in (True, False):
-            log(f"[demo] {mode}, prefix caching {'on' if caching else 'off'} ...")
-            eng = Engine(model, EngineConfig(
-                mode=mode, enable_prefix_caching=caching, block_size=B, num_slots=num_slots,
-                max_seqs=4, max_tokens=s["max_tokens"], max_model_len=blocks * B,
-                decode_buckets=(1, 2, 4), progress=not args.quiet))
-            for run in ("warm-up", "1", "2"):
-                req = eng.generate([prompt], s["max_new_tokens"])[0]
-                rows.append(_row(mode, caching, "long prompt", run, req))
-                log(f"  run {run}: hit {req.metrics.hit_tokens}/{req.metrics.queried_tokens} "
-                    f"TTFT {req.metrics.ttft_s * 1e3:.0f} ms")
-            for i, q in enumerate(questions):
-                req = eng.generate([system + q], s["max_new_tokens"])[0]
-                rows.append(_row(mode, caching, "system prompt", f"q{i}", req))
+        for spec in specs:
+            for caching in (True, False):
+                log(f"[demo] {mode}, prefix caching {'on' if caching else 'off'}, "
+                    f"speculation {spec or 'off'} ...")
+                cfg_kw = dict(mode=mode, enable_prefix_caching=caching, block_size=B,
+                              num_slots=num_slots + (4 * (k + 2) if spec else 0), max_seqs=4,
+                              max_tokens=s["max_tokens"], max_model_len=blocks * B,
+                              decode_buckets=(1, 2, 4), progress=not args.quiet,
+                              spec=args.spec if spec else None, num_spec_tokens=k or 3)
+                st = _run_config(Engine(model, EngineConfig(**cfg_kw)), spec, prompt, system,
+                                 questions, s["max_new_tokens"], rows, log)
+                if st is not None:
+                    spec_stats.append(st)
     # identical tokens: the long prompt over every config and run; each question over configs
     groups: dict[tuple, set] = {}
     for r in rows:
@@ -162,12 +188,12 @@ def run_demo(args) -> dict:
               and r["run"] != "warm-up" and r["caching"] == caching]
         return sum(xs) / len(xs) if xs else float("nan")
 
-    warm, cold = measured("on"), measured("off")
+    warm, cold = measured("on"), measured("off")  # (speculation off and on alike)
     return dict(device=str(torch.cuda.get_device_name() if has_gpu else "cpu (Triton interpreter)"),
                 preset=s["preset"], dtype=str(s["dtype"]).split(".")[-1],
                 block_size=B, max_tokens=s["max_tokens"], prompt_tokens=len(prompt),
                 system_prompt_tokens=len(system), max_new_tokens=s["max_new_tokens"],
-                modes=status, rows=rows, identical=identical,
+                modes=status, rows=rows, identical=identical, spec=spec_stats,
                 warm_over_cold_ttft=(warm / cold if cold == cold and cold > 0 else None),
                 wall_s=time.perf_counter() - t0)
 
@@ -177,16 +203,23 @@ def _print_table(res: dict) -> None:
           f"block {res['block_size']}, step budget {res['max_tokens']} tokens")
     print(f"long prompt: {res['prompt_tokens']} tokens; system prompt: "
           f"{res['system_prompt_tokens']} tokens (+ a question); {res['max_new_tokens']} new tokens")
-    hdr = f"{'mode':<10} {'caching':<8} {'scenario':<14} {'run':<8} {'queried':>8} {'hit':>8} " \
-          f"{'TTFT ms':>10} {'decode tok/s':>13}"
+    hdr = f"{'mode':<10} {'caching':<8} {'spec':<10} {'scenario':<14} {'run':<8} {'queried':>8} " \
+          f"{'hit':>8} {'TTFT ms':>10} {'decode tok/s':>13}"
     print(hdr)
     print("-" * len(hdr))
     for r in res["rows"]:
-        print(f"{r['mode']:<10} {r['caching']:<8} {r['scenario']:<14} {r['run']:<8} "
-              f"{r['queried']:>8} {r['hit']:>8} {r['ttft_ms']:>10.1f} {r['decode_tok_s']:>13.1f}")
+        print(f"{r['mode']:<10} {r['caching']:<8} {r['spec']:<10} {r['scenario']:<14} "
+              f"{r['run']:<8} {r['queried']:>8} {r['hit']:>8} {r['ttft_ms']:>10.1f} "
+              f"{r['decode_tok_s']:>13.1f}")
     for mode, st in res["modes"].items():
         if st != "ok":
             print(f"{mode:<10} {st}")
+    for st in res["spec"]:
+        steps = " ".join(f"{x:.2f}" for x in st["accepted_per_step"][:24])
+        print(f"speculation ({st['mode']}, caching {st['caching']}, k={st['k']}): "
+              f"{st['tokens_per_row']:.2f} tokens accepted per spec row and step "
+              f"({100 * st['draft_acceptance']:.0f}% of drafts); per step: {steps}"
+              f"{' ...' if len(st['accepted_per_step']) > 24 else ''}")
     print("-" * len(hdr))
     print(f"generated tokens identical across all configurations: "
           f"{'yes' if res['identical'] else 'NO'}")
@@ -325,6 +358,11 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                    help=f"tokens generated per request ({_default('max_new_tokens')})")
     d.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                    help=f"model dtype ({_default('dtype')})")
+    d.add_argument("--spec", choices=["ngram"], default=None,
+                   help="also run every configuration with speculative decoding (ngram: prompt "
+                        "lookup drafts); tokens must not change")
+    d.add_argument("--num-spec-tokens", type=_int_arg(1), default=3, metavar="K",
+                   help="drafts per decoding request and step with --spec (default: 3)")
     d.add_argument("--nvtx", action="store_true", help="emit NVTX ranges (for nsys)")
     d.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     v = sub.add_parser("verify", help="quick kernels-vs-reference self-check")
@@ -352,6 +390,12 @@ def main(argv=None) -> int:
     if args.cmd == "demo":
         if args.modes is not None:
             args.modes = _check_modes(d, args.modes, has_gpu)
+        if args.spec:
+            B = args.block_size or _DEFAULTS[has_gpu]["block_size"]
+            T = args.max_tokens or _DEFAULTS[has_gpu]["max_tokens"]
+            if args.num_spec_tokens >= B or 4 * (args.num_spec_tokens + 1) > T:
+                d.error(f"argument --num-spec-tokens: {args.num_spec_tokens} must be below the "
+                        f"block size ({B}) and 4 rows of 1 + K tokens must fit --max-tokens ({T})")
         res = run_demo(args)
         if args.json_out:
             with open(args.json_out, "w") as f:

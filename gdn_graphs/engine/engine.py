@@ -29,6 +29,14 @@ Modes:
   every layer's GDN core, MLPs, lm_head and argmax) for the padded batch size; the graph reads only
   persistent buffers: the planner's slot buffers, the input-id buffer and the pools. Steps with
   prefill rows (and batches above the largest bucket) run piecewise. Needs a CUDA GPU.
+
+Speculative decoding (``EngineConfig(spec="ngram", num_spec_tokens=k)``, gdn_graphs.engine.spec):
+every decoding request runs as a spec row of 1 + k tokens (its last sampled token and k n-gram
+drafts), greedy verification accepts a of them, and the next step plans the row with
+``accepted = a`` (its state is then read from the request's ring). Blocks are committed to the
+prefix cache only up to the accepted tokens. In full mode a step of spec rows only replays a
+FULL graph of kind "spec" per bucket (the rows padded to it, 1 + k tokens each); the accepted
+counts reach the plan on the host and only change which slots the graph reads.
 """
 
 from __future__ import annotations
@@ -45,10 +53,11 @@ from gdn_graphs.engine.prefix_cache import OutOfSlots, PrefixCache
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.engine.model import HybridGDNModel
 from gdn_graphs.engine.request import EngineConfig, Request, as_int, mode_available, token_ids
+from gdn_graphs.engine.spec import NgramDrafter, RingPool, SpecStats, accept_count
 from gdn_graphs.ops.workspace import ChunkWorkspace
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
-from gdn_graphs.runtime.step import count_decode_rows
+from gdn_graphs.runtime.step import classify_rows
 
 __all__ = ["Engine", "OutOfSlots"]
 
@@ -69,11 +78,19 @@ class Engine:
             raise RuntimeError(f"mode {cfg.mode!r} is unavailable: {why}")
         if model.num_slots != cfg.num_slots:
             model.allocate_pools(cfg.num_slots)
-        self.cache = PrefixCache(cfg.num_slots, cfg.block_size, cfg.enable_prefix_caching)
-        self.max_blocks = -(-cfg.max_model_len // cfg.block_size)
+        # speculative decoding: k drafts per row; the top slots of the pools are the rings
+        self._k = k = cfg.num_spec_tokens if cfg.spec else 0
+        cache_slots = cfg.num_slots - cfg.ring_slots
+        self.cache = PrefixCache(cache_slots, cfg.block_size, cfg.enable_prefix_caching)
+        self.rings = RingPool(cache_slots, cfg.max_seqs, k + 2) if k else None
+        self.drafter = NgramDrafter(k) if k else None
+        self.spec_stats = SpecStats(k)
+        # a spec row may compute k tokens past the request's last one: its table covers them
+        self.max_blocks = -(-(cfg.max_model_len + k) // cfg.block_size)
         self.limits = PlanLimits(max_seqs=cfg.max_seqs, max_tokens=cfg.max_tokens,
                                  block_size=cfg.block_size, num_slots=cfg.num_slots,
-                                 max_blocks_per_seq=self.max_blocks)
+                                 max_blocks_per_seq=self.max_blocks,
+                                 max_spec_len=k + 1 if k else 0)
         self.planner = GDNPlanner(self.limits, self.device)
         self.workspace = self._make_workspace()
         self.waiting: list[Request] = []
@@ -88,6 +105,9 @@ class Engine:
                                         pin_memory=self.device.type == "cuda")
         # full mode: persistent input ids of a decode graph
         self._ids_buf = torch.zeros(cfg.max_seqs, dtype=torch.long, device=self.device)
+        # ... and of a spec graph: 1 + k tokens per row
+        self._spec_ids_buf = torch.zeros(cfg.max_seqs * (k + 1), dtype=torch.long,
+                                         device=self.device)
         if cfg.mode in ("piecewise", "full"):
             self._setup_piecewise()
         if cfg.mode == "full":
@@ -136,6 +156,14 @@ class Engine:
             h = self.model(self._ids_buf[:size])
             return self.model.logits(h).argmax(-1)
 
+    def _spec_graph_fn(self, size: int):
+        """A whole step of ``size`` spec rows (1 + k tokens each) from persistent buffers: the
+        greedy token after every one of their tokens."""
+        L = self._k + 1
+        with step_context(StepContext(self.planner.spec_template(size, L))):
+            h = self.model(self._spec_ids_buf[:size * L])
+            return self.model.logits(h).argmax(-1)
+
     def _setup_full(self):
         from gdn_graphs.runtime.graphs import GraphManager
 
@@ -151,6 +179,12 @@ class Engine:
                                  inputs=lambda: [*self.planner.buffers(), self._ids_buf,
                                                  *self._pool_tensors()],
                                  progress=self.cfg.progress)
+            if self._k:
+                self._spec_ids_buf.zero_()
+                self._graphs.capture("spec", self._spec_graph_fn,
+                                     inputs=lambda: [*self.planner.buffers(), self._spec_ids_buf,
+                                                     *self._pool_tensors()],
+                                     progress=self.cfg.progress)
 
     def _pool_tensors(self):
         out = []
@@ -172,9 +206,9 @@ class Engine:
         if total > self.cfg.max_model_len:
             raise ValueError(f"request needs {total} tokens ({len(prompt)} prompt + "
                              f"{max_new_tokens} new - 1) > max_model_len={self.cfg.max_model_len}")
-        need = self.cache.blocks_needed(total) if self.cfg.enable_prefix_caching else 1
-        if need > self.cfg.num_slots:
-            raise OutOfSlots(f"request needs {need} state slots, the pool has {self.cfg.num_slots}")
+        need = self.cache.blocks_needed(total + self._k) if self.cfg.enable_prefix_caching else 1
+        if need > self.cache.num_slots:
+            raise OutOfSlots(f"request needs {need} state slots, the pool has {self.cache.num_slots}")
         req = Request(next(self._ids), prompt, max_new_tokens, t_arrival=time.perf_counter(),
                       owner=self)
         self.waiting.append(req)
@@ -197,6 +231,8 @@ class Engine:
             self.running.remove(req)
         if req.rid in self.cache:
             self.cache.free(req.rid)
+        if self.rings is not None:
+            self.rings.free(req.rid)
         req.status, req.error = status, error
         self.finished.append(req)
 
@@ -225,13 +261,15 @@ class Engine:
         while self.waiting and len(self.running) < self.cfg.max_seqs:
             req = self.waiting[0]
             try:
-                hit = self.cache.allocate(req.rid, req.prompt, req.tokens_total)
+                hit = self.cache.allocate(req.rid, req.prompt, req.tokens_total + self._k)
             except OutOfSlots:
                 if not self.running:  # nothing will free slots for it: fail this request only
                     self._retire(req, "error", "out of state slots")
                     continue
                 return  # wait until running requests free their slots
             self.waiting.pop(0)
+            if self.rings is not None:
+                self.rings.allocate(req.rid)
             req.num_computed = hit
             req.metrics.queried_tokens = len(req.prompt)
             req.metrics.hit_tokens = hit
@@ -249,12 +287,17 @@ class Engine:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         """Rows of the next step: one-token rows first (decodes, single-token prompt ends), then
-        prefill spans in admission order under the token budget."""
-        ones, spans = [], []
+        with speculation the spec rows (every decoding request, 1 + k tokens), then prefill spans
+        in admission order under the token budget."""
+        ones, specs, spans = [], [], []
         for r in self.running:
-            if r.num_computed >= len(r.prompt) or len(r.prompt) - r.num_computed == 1:
+            decoding = r.num_computed >= len(r.prompt)
+            if decoding and self._k:
+                specs.append((r, 1 + self._k))
+            elif decoding or len(r.prompt) - r.num_computed == 1:
                 ones.append((r, 1))
-        budget = self.cfg.max_tokens - len(ones)
+        ones += specs
+        budget = self.cfg.max_tokens - sum(q for _, q in ones)
         for r in self.running:
             if len(r.prompt) - r.num_computed > 1:
                 q = self._prefill_span(r, budget)
@@ -291,47 +334,79 @@ class Engine:
                     ns = [r.num_computed for r, _ in rows]
                     qs = [q for _, q in rows]
                     tables = [self.cache.block_table(r.rid) for r, _ in rows]
-                    nd = count_decode_rows(qs)
-                    use_graph = self.cfg.mode == "full" and nd == len(rows)  # pure decode
-                    pad = self._graphs.padded_size("decode", nd) if use_graph else None
-                    gdn_step = self.planner.plan(ns, qs, tables, pad_decodes_to=pad)
-                    ids = []
-                    for r, q in rows:
-                        ids.extend(r.tokens[r.num_computed:r.num_computed + q])
-                    # sample at decode rows and at prefill spans that finish their prompt
+                    spec = kw = None
+                    if self._k:
+                        spec = [q > 1 and r.num_computed >= len(r.prompt) for r, q in rows]
+                        kw = dict(spec=spec, rings=[self.rings.ring(r.rid) for r, _ in rows],
+                                  accepted=[r.accepted for r, _ in rows])
+                    nd, nsp = classify_rows(qs, spec)
+                    kind = "spec" if nsp else "decode"
+                    use_graph = self.cfg.mode == "full" and len(rows) in (nd, nsp)  # one kind
+                    pad = self._graphs.padded_size(kind, len(rows)) if use_graph else None
+                    gdn_step = self.planner.plan(
+                        ns, qs, tables, pad_decodes_to=None if nsp else pad,
+                        pad_spec_to=pad if nsp else None, **(kw or {}))
+                    ids, drafts = [], {}
+                    for i, (r, q) in enumerate(rows):
+                        if spec is not None and spec[i]:
+                            drafts[i] = self.drafter.propose(r.tokens)
+                            ids.extend([r.tokens[r.num_computed], *drafts[i]])
+                        else:
+                            ids.extend(r.tokens[r.num_computed:r.num_computed + q])
+                    # sample at decode rows, at every token of spec rows and at prefill spans
+                    # that finish their prompt: (row, flat index of its first sampled token, count)
                     sample_rows, offs, off = [], [], 0
                     for i, (r, q) in enumerate(rows):
                         offs.append(off)
                         off += q
-                        if r.num_computed + q >= len(r.prompt):
-                            sample_rows.append((i, off - 1))
+                        if i in drafts:
+                            sample_rows.append((i, off - q, q))
+                        elif r.num_computed + q >= len(r.prompt):
+                            sample_rows.append((i, off - 1, 1))
                 with nvtx.range(f"engine.forward.{'graph' if use_graph else self.cfg.mode}"):
+                    record = None
                     if use_graph:
-                        next_tok = self._forward_full(ids, nd)
+                        greedy = self._forward_full(ids, kind, len(rows))
                         self._copy_errors()
-                        toks = next_tok[: len(rows)].tolist()
-                        sampled = {i: toks[i] for i, _ in sample_rows}
                     else:
                         record = {} if self.cfg.debug_record else None
                         hidden = self._forward(ids, gdn_step, record)
                         self._copy_errors()
-                        sampled = {}
+                        greedy = None
                         if sample_rows:
-                            idx = torch.tensor([t for _, t in sample_rows], device=self.device)
-                            toks = self.model.logits(hidden[idx]).argmax(-1).tolist()
-                            sampled = {i: t for (i, _), t in zip(sample_rows, toks)}
-                        if record is not None:
-                            for i, (r, q) in enumerate(rows):
-                                per_layer = [record[l][0][offs[i]:offs[i] + q]
-                                             for l in range(self.model.cfg.num_layers)]
-                                r.core_trace.append((r.num_computed, per_layer))
+                            idx = [t + j for _, t, c in sample_rows for j in range(c)]
+                            idx = torch.tensor(idx, device=self.device)
+                            greedy = self.model.logits(hidden[idx]).argmax(-1)
+                    sampled, accepted = self._verify(sample_rows, greedy, drafts, use_graph)
+                    if record is not None:
+                        for i, (r, q) in enumerate(rows):
+                            keep = accepted.get(i, q)
+                            per_layer = [record[l][0][offs[i]:offs[i] + keep]
+                                         for l in range(self.model.cfg.num_layers)]
+                            r.core_trace.append((r.num_computed, per_layer))
                     self._check_errors(synced=bool(sample_rows))
-                return self._update(rows, sampled)
+                return self._update(rows, sampled, accepted)
             except Exception as e:
                 for r, _ in rows:
                     if not r.done:
                         self._retire(r, "error", f"{type(e).__name__}: {e}")
                 raise
+
+    def _verify(self, sample_rows, greedy, drafts, from_graph):
+        """Greedy tokens per sampled row ({row: [tokens]}) and, for spec rows, the tokens greedy
+        verification accepts ({row: a}). ``greedy``: the flat argmax over the sampled positions
+        (eager) or over the whole padded batch (a graph); None when nothing is sampled."""
+        if not sample_rows:
+            return {}, {}
+        toks = greedy.tolist()  # (the sync that also brings the error flag)
+        sampled, pos = {}, 0
+        for i, t, c in sample_rows:
+            start = t if from_graph else pos
+            sampled[i] = toks[start:start + c]
+            pos += c
+        accepted = {i: accept_count(d, sampled[i]) for i, d in drafts.items()}
+        self.spec_stats.add_step(list(accepted.values()))
+        return sampled, accepted
 
     def _copy_errors(self) -> None:
         """Enqueue the step's kernel error flag to pinned host memory; the sync that reads the
@@ -364,23 +439,32 @@ class Engine:
             h = self._compiled(x)
         return h[:T].clone()  # cudagraph trees may overwrite h on the next replay
 
-    def _forward_full(self, ids: list[int], nd: int) -> torch.Tensor:
-        self._ids_buf[:nd].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=False)
-        out, size = self._graphs.run("decode", nd, self._decode_graph_fn)
+    def _forward_full(self, ids: list[int], kind: str, rows: int) -> torch.Tensor:
+        """Replay the ``kind`` graph ("decode" or "spec") for ``rows`` rows after copying their
+        token ids into its input buffer; returns the graph's greedy tokens (padded batch)."""
+        buf, fn = ((self._ids_buf, self._decode_graph_fn) if kind == "decode"
+                   else (self._spec_ids_buf, self._spec_graph_fn))
+        buf[:len(ids)].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=False)
+        out, size = self._graphs.run(kind, rows, fn)
         return out
 
-    def _update(self, rows, sampled) -> list[Request]:
+    def _update(self, rows, sampled, accepted) -> list[Request]:
         now = time.perf_counter()
         done = []
         for i, (r, q) in enumerate(rows):
-            r.num_computed += q
+            a = accepted.get(i)
+            r.num_computed += q if a is None else a
+            r.accepted = a or 0
             r.metrics.num_steps += 1
             if i in sampled:
-                r.output.append(sampled[i])
+                new = sampled[i][:a or 1][:r.max_new_tokens - len(r.output)]
+                r.output.extend(new)
                 if r.t_first is None:
                     r.t_first = now
                 r.t_last = now
-            self.cache.commit(r.rid, r.tokens, r.num_computed)
+            # only accepted tokens commit blocks (a spec row may have run past the last token
+            # kept when it hit max_new_tokens: that request finishes now)
+            self.cache.commit(r.rid, r.tokens, min(r.num_computed, len(r.tokens)))
             if len(r.output) >= r.max_new_tokens:
                 self._retire(r, "finished")
                 m = r.metrics

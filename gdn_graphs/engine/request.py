@@ -70,6 +70,8 @@ class EngineConfig:
     debug_ptrs: bool = False        # GraphManager's data_ptr guard
     progress: bool = True           # tqdm bars while capturing graphs
     graph_backend: object = None    # GraphManager backend (tests: a CPU stand-in for CUDA graphs)
+    spec: str | None = None         # speculative decoding: None (off) or "ngram" (prompt lookup)
+    num_spec_tokens: int = 3        # k: drafts per decoding request and step (spec on)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -83,6 +85,23 @@ class EngineConfig:
         for name in ("max_seqs", "num_slots", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.spec not in (None, "ngram"):
+            raise ValueError(f"spec must be None or 'ngram', got {self.spec!r}")
+        if self.spec is not None:
+            k = self.num_spec_tokens
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < self.block_size:
+                raise ValueError(f"num_spec_tokens must be an int in [1, block_size), got {k!r}")
+            if self.max_seqs * (k + 1) > self.max_tokens:
+                raise ValueError(f"max_seqs * (1 + num_spec_tokens) = {self.max_seqs * (k + 1)} "
+                                 f"exceeds max_tokens={self.max_tokens}")
+            if self.num_slots <= self.ring_slots:
+                raise ValueError(f"num_slots={self.num_slots} leaves none for the prefix cache "
+                                 f"once {self.ring_slots} are reserved for the spec rings")
+
+    @property
+    def ring_slots(self) -> int:
+        """Pool slots reserved for speculative rings (k + 2 per row; 0 with spec off)."""
+        return self.max_seqs * (self.num_spec_tokens + 2) if self.spec else 0
 
 
 @dataclass
@@ -110,6 +129,9 @@ class Request:
     # debug_record: (start position, [per layer: core output rows for this step's tokens])
     core_trace: list = field(default_factory=list)
     owner: object = field(default=None, repr=False)  # the Engine that queued it
+    # speculative decoding: tokens its last step accepted (0: that step was not a spec row),
+    # the plan's ``accepted`` for its next row
+    accepted: int = 0
 
     @property
     def tokens(self) -> list[int]:

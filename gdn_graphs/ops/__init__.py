@@ -7,12 +7,14 @@
     workspace.py  ChunkWorkspace, ChunkConfig: the buffers and launch knobs of chunk prefill
     chunk.py      gdn_chunk_prefill: chunked prefill storing block-boundary states into the pool
     conv.py       conv_decode, conv_prefill: causal depthwise conv1d (+ SiLU) over a conv pool
+    conv_multi.py conv_decode_multi: a few conv tokens per row, the window after each stored
     reference.py  plain PyTorch GDN recurrence and causal conv1d in float64: the truth for tests
 """
 
 from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.common import ERR_META, ERR_SLOT, ERR_TOKENS, error_names
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
+from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import default_config, gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, chunk_meta, host_chunk_meta,
                                  make_chunk_meta)
@@ -21,7 +23,7 @@ from gdn_graphs.ops.reference import causal_conv1d_ref, gdn_gating, gdn_recurren
 __all__ = [
     "gdn_decode", "gdn_decode_multi", "default_config", "pdl_supported",
     "gdn_chunk_prefill", "ChunkWorkspace", "ChunkConfig",
-    "conv_decode", "conv_prefill",
+    "conv_decode", "conv_prefill", "conv_decode_multi",
     "ChunkMeta", "chunk_meta", "host_chunk_meta", "make_chunk_meta", "check_step_slots",
     "ERR_SLOT", "ERR_TOKENS", "ERR_META", "error_names",
     "gdn_gating", "l2norm", "gdn_recurrent_ref", "causal_conv1d_ref",

@@ -10,8 +10,9 @@ Two public functions share one kernel:
     gdn_decode        one token per row (plain decode); a row with both slots -1 is padding and
                       gets a zero output without doing any math
     gdn_decode_multi  a varlen batch of a few tokens per row (``cu_seqlens``), the state kept in
-                      registers across the row's tokens and optionally stored after every token
-                      (the base for speculative decoding); rows with 0 tokens are padding
+                      registers across the row's tokens (rounded to the pool's dtype after each,
+                      as a token-by-token run through gdn_decode would see it) and optionally
+                      stored after every token (speculative rows); rows with 0 tokens are padding
 
 Grid: ``(N, HV * cdiv(V, BV))``. Program (i, j) owns the ``[BV, K]`` tile of row i's state for value
 head ``j // cdiv(V, BV)``: the tile is read once and written once, and since every row of S only
@@ -169,7 +170,11 @@ def _gdn_decode_kernel(
                              mask=i_t < Tmax, other=-1)
             w_ok = slot_ok(w_slot, num_slots)
             p_write = ssm_ptr + tl.where(w_ok, w_slot, 0).to(tl.int64) * stride_slot + o_h
-            tl.store(p_write, b_h.to(p_write.dtype.element_ty), mask=mask_h & w_ok)
+            # the state continues as the pool holds it (a no-op for fp32 pools): each token does
+            # exactly what gdn_decode does to a state it reads from the pool
+            b_h = b_h.to(p_write.dtype.element_ty)
+            tl.store(p_write, b_h, mask=mask_h & w_ok)
+            b_h = b_h.to(tl.float32)
             report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
             t += 1
     else:
@@ -432,6 +437,9 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
                      (-1: not stored). Tokens past Tmax store nothing. MUTATES those ssm slots.
         out:         optional [T, HV, V] in v's dtype; the rows of every token are written.
         error_flag:  as in ``gdn_decode`` (ERR_SLOT, ERR_TOKENS).
+    Each token does exactly gdn_decode's arithmetic on the state after the previous one as the
+    pool's dtype holds it, so with the same BV / num_warps the outputs and stored states equal
+    a token-by-token run through gdn_decode bit for bit (fp32 and bf16 pools alike).
     Returns ``out``. Never synchronises; safe to capture in a CUDA graph.
     """
     T, HK, HV, K, V = _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, out)

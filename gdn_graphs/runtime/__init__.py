@@ -6,8 +6,8 @@ from gdn_graphs.runtime.core import (GDNPools, GDNWeights, StepContext, gdn_core
                                      run_gdn_core, step_context)
 from gdn_graphs.runtime.graphs import GraphManager
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
-from gdn_graphs.runtime.step import GDNStep, StepPlan, count_decode_rows
+from gdn_graphs.runtime.step import GDNStep, StepPlan, classify_rows, count_decode_rows
 
 __all__ = ["GDNPools", "GDNWeights", "StepContext", "gdn_core", "get_step_context", "run_gdn_core",
            "step_context", "GraphManager", "GDNPlanner", "PlanLimits", "GDNStep", "StepPlan",
-           "count_decode_rows"]
+           "count_decode_rows", "classify_rows"]

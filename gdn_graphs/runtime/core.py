@@ -2,9 +2,12 @@
 every engine calls, and ``gdn_graphs::gdn_core``, the same as an opaque torch op.
 
 ``run_gdn_core(mixed_qkv, a, b, weights, pools, step, out, workspace)`` runs one layer over a
-step's flat batch ``[decode rows | prefill tokens | padding]`` (``GDNStep``, gdn_graphs.runtime.step):
-decode rows go through conv_decode + gdn_decode with ``step.decode_read/decode_write``, prefill
-tokens through conv_prefill + gdn_chunk_prefill with ``step.prefill``; padding gets zero outputs.
+step's flat batch ``[decode rows | spec rows | prefill tokens | padding]`` (``GDNStep``,
+gdn_graphs.runtime.step): decode rows go through conv_decode + gdn_decode with
+``step.decode_read/decode_write``, spec rows (1 + k tokens each) through conv_decode_multi +
+gdn_decode_multi with ``step.spec_read/spec_write/spec_cu`` (a state and window stored after every
+token), prefill tokens through conv_prefill + gdn_chunk_prefill with ``step.prefill``; padding
+gets zero outputs.
 It launches kernels only (no sync, no host reads of tensor values), so it may run inside a CUDA
 graph capture: the embedded engine's FULL decode graphs, vLLM's, the warm-up, the tests.
 
@@ -34,7 +37,8 @@ import torch
 from gdn_graphs import nvtx
 from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
-from gdn_graphs.ops.decode import gdn_decode, pdl_supported
+from gdn_graphs.ops.conv_multi import conv_decode_multi
+from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.runtime.step import GDNStep
 
 __all__ = ["GDNWeights", "GDNPools", "StepContext", "step_context", "get_step_context",
@@ -117,9 +121,10 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
     T = mixed_qkv.shape[0]
     _, HV, V, K = pools.ssm.shape
     HK = (mixed_qkv.shape[1] - HV * V) // (2 * K)
-    nd, n_pre = step.num_decodes, step.num_prefill_tokens
-    if nd + n_pre > T:
-        raise ValueError(f"gdn_core: step has {nd} decode + {n_pre} prefill tokens, batch holds {T}")
+    nd, n_spec, n_pre = step.num_decodes, step.num_spec_tokens, step.num_prefill_tokens
+    if nd + n_spec + n_pre > T:
+        raise ValueError(f"gdn_core: step has {nd} decode + {n_spec} spec + {n_pre} prefill "
+                         f"tokens, batch holds {T}")
     w = weights
     flag = step.error_flag
     conv_out = torch.empty_like(mixed_qkv)
@@ -134,6 +139,10 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
             # read by no row; gdn_decode touches the flag only after its wait)
             gdn_decode(q, k, v, a[:nd], b[:nd], w.A_log, w.dt_bias, pools.ssm, r_slot, w_slot,
                        out=out[:nd], pdl=pdl_supported(q.device), error_flag=flag)
+    if n_spec:
+        with nvtx.range("gdn.core.spec", layer):
+            _run_spec(mixed_qkv, a, b, w, pools, step, out, conv_out, (HK, K, HV, V))
+    nd += n_spec  # the prefill tokens start after the spec rows
     if n_pre:
         with nvtx.range("gdn.core.prefill", layer):
             sl = slice(nd, nd + n_pre)
@@ -145,6 +154,23 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
     if nd + n_pre < T:
         out[nd + n_pre:].zero_()
     return out
+
+
+def _run_spec(mixed_qkv, a, b, w, pools, step, out, conv_out, dims):
+    """The spec rows of ``step``: tokens [num_decodes, num_decodes + num_spec_tokens) of the flat
+    batch. Mutates conv_out and out on those tokens and the pools' spec write slots."""
+    HK, K, HV, V = dims
+    nd, ns = step.num_decodes, step.num_spec
+    sl = slice(nd, nd + step.num_spec_tokens)
+    cu, r_slot, w_slots = step.spec_cu[:ns + 1], step.spec_read[:ns], step.spec_write[:ns]
+    flag = step.error_flag
+    conv_decode_multi(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, cu, r_slot, w_slots,
+                      out=conv_out[sl], error_flag=flag)
+    q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
+    # (programmatic dependent launch as for the decode rows: conv_decode_multi writes only the
+    # conv pool, conv_out and the flag)
+    gdn_decode_multi(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, cu, r_slot, w_slots,
+                     out=out[sl], pdl=pdl_supported(q.device), error_flag=flag)
 
 
 @torch.library.custom_op(

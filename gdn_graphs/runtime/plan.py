@@ -38,8 +38,8 @@ from gdn_graphs.ops.common import error_names
 from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, host_chunk_meta, max_chunks_bound,
                                  max_ckpts_bound)
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
-from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, count_decode_rows,
-                                     read_block, write_block)
+from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, classify_rows,
+                                     read_block, row_read_slot, spec_write_slots, write_block)
 
 __all__ = ["PlanLimits", "StepPlan", "GDNStep", "GDNPlanner"]
 
@@ -71,6 +71,7 @@ class PlanLimits:
     block_size: int          # B, a positive multiple of CHUNK
     num_slots: int           # slots in the state pools
     max_blocks_per_seq: int  # width of a block-table row
+    max_spec_len: int = 0    # tokens of a spec row (1 + k) at most; 0: no spec rows (no buffers)
 
     def __post_init__(self):
         for name in ("max_seqs", "max_tokens", "block_size", "num_slots", "max_blocks_per_seq"):
@@ -80,6 +81,9 @@ class PlanLimits:
         if self.block_size % CHUNK:
             raise ValueError(f"PlanLimits.block_size must be a positive multiple of {CHUNK}, "
                              f"got {self.block_size}")
+        v = self.max_spec_len
+        if not _is_int(v) or not 0 <= v <= self.block_size:
+            raise ValueError(f"PlanLimits.max_spec_len must be an int in [0, block_size], got {v!r}")
 
     @property
     def max_chunks(self) -> int:
@@ -95,7 +99,15 @@ class GDNPlanner:
 
     Buffers (int32, all views of one flat tensor ``self.flat``; never reallocated):
         decode_read[max_seqs], decode_write[max_seqs]   slots of decode row i; tail NO_SLOT
+        spec_read[max_seqs], spec_write[max_seqs, L]    slots of spec row i (L = max_spec_len;
+                                                        entry [i, t]: the state after token t);
+                                                        tail NO_SLOT. Empty when L == 0.
         prefill: ChunkMeta                              see gdn_graphs.ops.meta (tails padded there)
+        spec_cu[max_seqs + 1]                           i * spec_len up to the launched spec rows,
+                                                        then repeating (0-token rows)
+        spec_accepted[max_seqs]                         the ``accepted`` count of each spec row
+                                                        (what chose its read slot; no kernel reads
+                                                        it, a graph or a sampler may); tail 0
         error_flag[1]                                   the kernels' error codes; 0 after plan()
     ``plan()`` enqueues its copy on the current CUDA stream, so kernels or graph replays enqueued
     later on that stream see the new plan and earlier ones still see the old one.
@@ -108,10 +120,13 @@ class GDNPlanner:
         # Every slot-valued buffer first, so flat[:slot_end] holds all the slots of a step and
         # nothing else (an engine whose block ids live only on the device plans on placeholder
         # slots and gathers real ones through that one span: gdn_graphs.vllm.slots).
-        sizes = {"decode_read": S, "decode_write": S, "read_slot": S, "write_slot": S,
+        L = limits.max_spec_len
+        sizes = {"decode_read": S, "decode_write": S, "spec_read": S if L else 0,
+                 "spec_write": S * L, "read_slot": S, "write_slot": S,
                  "ckpt_slots": limits.max_ckpts, "cu_seqlens": S + 1, "start_pos": S,
                  "ckpt_offsets": S + 1, "chunk_seq": limits.max_chunks,
-                 "chunk_idx": limits.max_chunks, "error_flag": 1}
+                 "chunk_idx": limits.max_chunks, "spec_cu": S + 1 if L else 0,
+                 "spec_accepted": S if L else 0, "error_flag": 1}
         self._spans: dict[str, tuple[int, int]] = {}
         off = 0
         for name, size in sizes.items():
@@ -127,6 +142,10 @@ class GDNPlanner:
         views = {name: self.flat[o:o + n] for name, (o, n) in self._spans.items()}
         self.decode_read: torch.Tensor = views["decode_read"]
         self.decode_write: torch.Tensor = views["decode_write"]
+        self.spec_read: torch.Tensor = views["spec_read"]
+        self.spec_write: torch.Tensor = views["spec_write"].view(S if L else 0, L)
+        self.spec_cu: torch.Tensor = views["spec_cu"]
+        self.spec_accepted: torch.Tensor = views["spec_accepted"]
         self.prefill = ChunkMeta(block_size=limits.block_size, **{k: views[k] for k in _META_FIELDS})
         self.error_flag: torch.Tensor = views["error_flag"]
 
@@ -160,7 +179,9 @@ class GDNPlanner:
 
     def buffers(self) -> list[torch.Tensor]:
         """Every persistent tensor a captured graph may read (for GraphManager's data_ptr guard)."""
-        return [self.decode_read, self.decode_write, *self.prefill.tensors(), self.error_flag]
+        spec = [self.spec_read, self.spec_write, self.spec_cu, self.spec_accepted]
+        return [self.decode_read, self.decode_write, *self.prefill.tensors(), self.error_flag,
+                *(spec if self.limits.max_spec_len else [])]
 
     def read_errors(self) -> int:
         """The error codes the kernels met since the last plan() (0: none), OR-ed together:
@@ -178,7 +199,9 @@ class GDNPlanner:
         return error_names(code)
 
     def plan(self, num_computed: Sequence[int], num_scheduled: Sequence[int],
-             block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None) -> GDNStep:
+             block_tables: Sequence[Sequence[int]], pad_decodes_to: int | None = None, *,
+             spec: Sequence[bool] | None = None, rings: Sequence[Sequence[int] | None] | None = None,
+             accepted: Sequence[int] | None = None, pad_spec_to: int | None = None) -> GDNStep:
         """Validate one step, write it into the persistent buffers, return it as a ``GDNStep``.
 
         num_computed[i]: tokens of row i computed before this step (n); num_scheduled[i]: tokens
@@ -187,64 +210,139 @@ class GDNPlanner:
         pad_decodes_to: for a pure decode batch, the graph bucket it will be replayed at (rows
         beyond the real ones are NO_SLOT/NO_SLOT, as is every tail); the step then launches that
         many decode rows.
+        Speculative decoding (step.py's module docstring states the slot rules):
+        spec[i]: row i is a spec row (it verifies q = 1 + k tokens, one k for every spec row;
+        rows are ordered [decode | spec | prefill]); rings[i]: the request's private ring of
+        R >= q + 1 slots (needed by a spec row and by any row with accepted > 0, else None);
+        accepted[i]: 0, or the tokens that the request's previous step (a spec row) accepted,
+        which puts its state after n in the ring unless n is a multiple of B.
+        pad_spec_to: for a batch of spec rows only, the graph bucket (padded rows read and store
+        nothing; their tokens, spec_len each, are computed from zeros and are to be ignored).
         Raises ValueError, naming the row, before touching any buffer.
         """
         with nvtx.range("gdn.plan", len(num_scheduled)):
-            host, meta_lists = self._build(num_computed, num_scheduled, block_tables, pad_decodes_to)
+            host, meta_lists = self._build(num_computed, num_scheduled, block_tables,
+                                           pad_decodes_to, spec, rings, accepted, pad_spec_to)
             self._commit(host, meta_lists)
-            self.last_step = GDNStep(num_decodes=host.padded_decodes,
-                                     num_prefill_tokens=host.num_prefill_tokens,
-                                     decode_read=self.decode_read, decode_write=self.decode_write,
-                                     prefill=self.prefill, host=host, error_flag=self.error_flag)
+            self.last_step = self._step(host.padded_decodes, host.padded_spec, host.spec_len,
+                                        host.num_prefill_tokens, host)
             return self.last_step
+
+    def _step(self, nd: int, ns: int, L: int, n_pre: int, host: StepPlan | None) -> GDNStep:
+        return GDNStep(num_decodes=nd, num_prefill_tokens=n_pre, decode_read=self.decode_read,
+                       decode_write=self.decode_write, prefill=self.prefill, host=host,
+                       error_flag=self.error_flag, num_spec=ns, spec_len=L if ns else 0,
+                       spec_read=self.spec_read, spec_write=self.spec_write, spec_cu=self.spec_cu)
 
     def template(self, num_decodes: int) -> GDNStep:
         """A step of ``num_decodes`` decode rows over the persistent buffers, whatever they hold:
         what a decode graph is captured with (each replay follows a plan padded to that size)."""
-        return GDNStep(num_decodes=num_decodes, num_prefill_tokens=0, decode_read=self.decode_read,
-                       decode_write=self.decode_write, prefill=self.prefill,
-                       error_flag=self.error_flag)
+        return self._step(num_decodes, 0, 0, 0, None)
+
+    def spec_template(self, num_spec: int, spec_len: int) -> GDNStep:
+        """A step of ``num_spec`` spec rows of ``spec_len`` tokens over the persistent buffers:
+        what a spec graph is captured with (each replay follows a plan with pad_spec_to=num_spec
+        and that spec_len)."""
+        if not 1 <= spec_len <= self.limits.max_spec_len:
+            raise ValueError(f"spec_len must be in [1, max_spec_len={self.limits.max_spec_len}], "
+                             f"got {spec_len}")
+        return self._step(0, num_spec, spec_len, 0, None)
 
     # ------------------------------------------------------------------ host side, no buffer touched
 
-    def _build(self, num_computed, num_scheduled, block_tables, pad_decodes_to):
+    def _build(self, num_computed, num_scheduled, block_tables, pad_decodes_to, spec=None,
+               rings=None, accepted=None, pad_spec_to=None):
         L = self.limits
+        B = L.block_size
         ns, qs, tables = self._check_rows(num_computed, num_scheduled, block_tables)
         rows = len(ns)
-        d = count_decode_rows(qs)
+        d, nsp = classify_rows(qs, spec)
+        e_spec = d + nsp
+        rings, acc = self._check_spec(rows, qs, d, nsp, rings, accepted)
         reads, writes, ckpts = [], [], []
         for i in range(rows):
-            r, w, ck = self._row_slots(i, ns[i], qs[i], tables[i])
+            r, w, ck = self._row_slots(i, ns[i], qs[i], tables[i], rings[i], acc[i],
+                                       d <= i < e_spec)
             reads.append(r)
             writes.append(w)
             ckpts.append(ck)
-        B = L.block_size
 
         def entry(i: int, kind: str, e: int) -> str:  # the table entry a slot came from
             n = ns[i]
+            if d <= i < e_spec and kind != "read":
+                m = n + 1 + e if kind == "ckpt" else n + qs[i]
+                return (f"block table entry {m // B - 1}" if m % B == 0
+                        else f"ring entry {m % len(rings[i])}")
+            if kind == "read" and acc[i] and n % B:
+                return f"ring entry {n % len(rings[i])}"
             blocks = {"read": read_block(n, B), "write": write_block(n, qs[i], B)}
             return f"block table entry {blocks.get(kind, n // B + e)}"
 
         check_step_slots(reads, writes, ckpts, L.num_slots, where=entry)
-        padded = self._padded_decodes(pad_decodes_to, d, rows, qs)
+        padded = self._padded_rows("pad_decodes_to", pad_decodes_to, d, rows, qs)
+        padded_spec = self._padded_rows("pad_spec_to", pad_spec_to, nsp, rows, qs, d)
+        spec_len = qs[d] if nsp else 0
+        if padded_spec and not spec_len:
+            raise ValueError("pad_spec_to needs at least one spec row (it sets the row length)")
+        if padded_spec * spec_len + padded + sum(qs[e_spec:]) > L.max_tokens:
+            raise ValueError(f"padded batch exceeds max_tokens={L.max_tokens}")
 
         meta_lists = None
         num_chunks = num_ckpts = 0
-        if d < rows:  # (the slots of every row were checked above)
-            meta_lists = host_chunk_meta(qs[d:], ns[d:], reads[d:], writes[d:], ckpts[d:],
+        if e_spec < rows:  # (the slots of every row were checked above)
+            sl = slice(e_spec, rows)
+            meta_lists = host_chunk_meta(qs[sl], ns[sl], reads[sl], writes[sl], ckpts[sl],
                                          L.block_size, max_seqs=L.max_seqs,
                                          max_chunks=L.max_chunks, max_ckpts=L.max_ckpts,
                                          check_slots=False)
-            num_ckpts = sum(len(c) for c in ckpts[d:])
-            num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[d:], qs[d:]))
+            num_ckpts = sum(len(c) for c in ckpts[sl])
+            num_chunks = sum(_num_chunks(n, q) for n, q in zip(ns[sl], qs[sl]))
         total = sum(qs)
         host = StepPlan(
-            num_decodes=d, num_prefills=rows - d, num_prefill_tokens=total - d, num_tokens=total,
-            padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
+            num_decodes=d, num_spec=nsp, spec_len=spec_len, padded_spec=padded_spec,
+            num_prefills=rows - e_spec, num_prefill_tokens=total - d - nsp * spec_len,
+            num_tokens=total, padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
             decode_read=tuple(reads[:d]), decode_write=tuple(writes[:d]),
-            prefill_read=tuple(reads[d:]), prefill_write=tuple(writes[d:]),
-            prefill_ckpts=tuple(tuple(c) for c in ckpts[d:]))
+            prefill_read=tuple(reads[e_spec:]), prefill_write=tuple(writes[e_spec:]),
+            prefill_ckpts=tuple(tuple(c) for c in ckpts[e_spec:]),
+            spec_read=tuple(reads[d:e_spec]),
+            spec_write=tuple((*ckpts[i], writes[i]) for i in range(d, e_spec)),
+            spec_accepted=tuple(acc[d:e_spec]))
         return host, meta_lists
+
+    def _check_spec(self, rows, qs, d, nsp, rings, accepted):
+        """The spec arguments as per-row lists (rings[i] a list of ints or None, acc[i] an int)."""
+        L = self.limits
+        rings = [None] * rows if rings is None else list(rings)
+        acc = [0] * rows if accepted is None else _as_list(accepted)
+        if len(rings) != rows or len(acc) != rows:
+            raise ValueError(f"rings and accepted need one entry per row ({rows}), got "
+                             f"{len(rings)} and {len(acc)}")
+        if nsp and not L.max_spec_len:
+            raise ValueError("spec rows need a planner with PlanLimits.max_spec_len > 0")
+        if nsp and qs[d] > L.max_spec_len:
+            raise ValueError(f"row {d}: spec rows of {qs[d]} tokens, more than "
+                             f"max_spec_len={L.max_spec_len}")
+        for i in range(rows):
+            a = acc[i]
+            if not _is_int(a) or a < 0:
+                raise ValueError(f"row {i}: accepted must be an int >= 0, got {a!r}")
+            acc[i] = int(a)
+            need_ring = d <= i < d + nsp or acc[i] > 0
+            if rings[i] is None:
+                if need_ring:
+                    raise ValueError(f"row {i}: needs a ring (a spec row, or accepted > 0)")
+                continue
+            ring = _as_list(rings[i])
+            if not all(_is_int(x) for x in ring):
+                raise ValueError(f"row {i}: ring entries must be ints, got {ring!r}")
+            rings[i] = [int(x) for x in ring]
+            if need_ring and len(ring) < (qs[i] + 1 if d <= i < d + nsp else acc[i] + 1):
+                raise ValueError(f"row {i}: a ring of {len(ring)} slots is too small (a spec row "
+                                 f"of q tokens needs q + 1, accepted = a needs a + 1)")
+            if len(set(rings[i])) != len(ring):
+                raise ValueError(f"row {i}: ring slots must be distinct, got {ring}")
+        return rings, acc
 
     def _check_rows(self, num_computed, num_scheduled, block_tables):
         """Types, lengths and the step's totals; returns (ns, qs, tables) as ints / row lists."""
@@ -268,9 +366,12 @@ class GDNPlanner:
             raise ValueError(f"batch schedules {total} tokens, more than max_tokens={L.max_tokens}")
         return ns, qs, tables
 
-    def _row_slots(self, i: int, n: int, q: int, row) -> tuple[int, int, list[int]]:
+    def _row_slots(self, i: int, n: int, q: int, row, ring, accepted: int,
+                   is_spec: bool) -> tuple[int, int, list[int]]:
         """Row i's read slot, write slot and checkpoint slots (step.py's block arithmetic), from
-        the table entries it uses, which must be ints (check_step_slots checks their range)."""
+        the table entries it uses, which must be ints (check_step_slots checks their range). A
+        spec row's "checkpoints" are the slots after its tokens 0 .. q-2 and its write slot the
+        one after token q-1 (spec_write_slots)."""
         L = self.limits
         B = L.block_size
         width = len(row)
@@ -289,33 +390,39 @@ class GDNPlanner:
                 if not _is_int(s):
                     raise ValueError(f"row {i}: block table entry {lo + j} is not an int: {s!r}")
                 used[j] = int(s)
+        table = {lo + j: s for j, s in enumerate(used)}
+        r = row_read_slot(n, table, B, ring, accepted)
+        if n > 0 and r == NO_SLOT:
+            raise ValueError(f"row {i}: read slot is {NO_SLOT} but n={n} > 0 tokens were computed")
+        if is_spec:
+            ws = spec_write_slots(n, q, table, ring, B)
+            for j, m in enumerate(range(n + 1, n + q + 1)):
+                if ws[j] == NO_SLOT:
+                    raise ValueError(f"row {i}: the state after {m} tokens goes to block table "
+                                     f"entry {m // B - 1}, which is {NO_SLOT}")
+            return r, ws[-1], ws[:-1]
         w = used[-1]
         if w == NO_SLOT:
             raise ValueError(f"row {i}: write slot table[{last}] is {NO_SLOT}")
-        r = NO_SLOT
-        if n > 0:
-            r = used[0]
-            if r == NO_SLOT:
-                raise ValueError(f"row {i}: read slot table[{lo}] is {NO_SLOT} but n={n} > 0 "
-                                 f"tokens were computed")
         ckpts = [NO_SLOT if used[c - lo] == w else used[c - lo] for c in checkpoint_blocks(n, q, B)]
         return r, w, ckpts
 
-    def _padded_decodes(self, pad_decodes_to, num_decodes: int, rows: int, qs) -> int:
-        if pad_decodes_to is None:
-            return num_decodes
-        if not _is_int(pad_decodes_to):
-            raise ValueError(f"pad_decodes_to must be an int, got {pad_decodes_to!r}")
-        if num_decodes < rows:
-            raise ValueError(f"pad_decodes_to is only for pure decode batches, but row "
-                             f"{num_decodes} schedules {qs[num_decodes]} tokens (a prefill row)")
-        if pad_decodes_to < num_decodes:
-            raise ValueError(f"pad_decodes_to={pad_decodes_to} is smaller than the "
-                             f"{num_decodes} decode rows")
-        if pad_decodes_to > self.limits.max_seqs:
-            raise ValueError(f"pad_decodes_to={pad_decodes_to} is larger than "
-                             f"max_seqs={self.limits.max_seqs}")
-        return pad_decodes_to
+    def _padded_rows(self, arg: str, pad_to, num: int, rows: int, qs, first: int = 0) -> int:
+        """Rows of one kind (``num`` of them, from row ``first``) to launch: ``pad_to`` when given,
+        for a batch of that kind only."""
+        if pad_to is None:
+            return num
+        if not _is_int(pad_to):
+            raise ValueError(f"{arg} must be an int, got {pad_to!r}")
+        if first + num < rows or first:
+            bad = first + num if first + num < rows else 0
+            raise ValueError(f"{arg} is only for batches of one row kind, but row {bad} "
+                             f"schedules {qs[bad]} tokens as another kind")
+        if pad_to < num:
+            raise ValueError(f"{arg}={pad_to} is smaller than the {num} rows")
+        if pad_to > self.limits.max_seqs:
+            raise ValueError(f"{arg}={pad_to} is larger than max_seqs={self.limits.max_seqs}")
+        return pad_to
 
     # ------------------------------------------------------------------ device side
 
@@ -332,6 +439,8 @@ class GDNPlanner:
         o, size = self._spans["decode_write"]
         st[o:o + d] = step.decode_write
         st[o + d:o + size] = NO_SLOT
+        if self.limits.max_spec_len:
+            self._stage_spec(st, step)
         src = self._empty_prefill if meta_lists is None else meta_lists
         for name in _META_FIELDS:
             o, size = self._spans[name]
@@ -343,3 +452,23 @@ class GDNPlanner:
                 if self._events[k] is None:
                     self._events[k] = torch.cuda.Event()
                 self._events[k].record()
+
+    def _stage_spec(self, st: np.ndarray, step: StepPlan) -> None:
+        """The spec buffers of ``step`` into the staging array ``st`` (tails included)."""
+        S, Lmax = self.limits.max_seqs, self.limits.max_spec_len
+        ns, L = step.num_spec, step.spec_len
+        o, _ = self._spans["spec_read"]
+        st[o:o + S] = NO_SLOT
+        st[o:o + ns] = step.spec_read
+        o, _ = self._spans["spec_write"]
+        st[o:o + S * Lmax] = NO_SLOT
+        w = st[o:o + S * Lmax].reshape(S, Lmax)
+        if ns:
+            w[:ns, :L] = np.asarray(step.spec_write, dtype=np.int32).reshape(ns, L)
+        o, _ = self._spans["spec_cu"]
+        launched = step.padded_spec
+        cu = np.minimum(np.arange(S + 1), launched) * L
+        st[o:o + S + 1] = cu
+        o, _ = self._spans["spec_accepted"]
+        st[o:o + S] = 0
+        st[o:o + ns] = step.spec_accepted

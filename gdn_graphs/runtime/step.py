@@ -12,10 +12,29 @@ Checkpoint e of a row (e = 0, 1, ...) is the state after p_e = (n // B + 1 + e) 
 it lands in ``table[n // B + e]``. A step touches only the blocks ``read_block .. write_block``;
 the rest of the table is never read.
 
-Row kinds (``count_decode_rows``): the leading rows that schedule exactly one token are decode
-rows (decode kernel, their tokens first in the flat batch); every later row is a prefill row
-(chunk kernels), whatever its length. The flat token batch of a step is therefore
-``[decode rows | prefill tokens | padding]``.
+Row kinds (``classify_rows``, the one classifier): the leading rows that schedule exactly one
+token and are not speculative are decode rows (decode kernel, their tokens first in the flat
+batch); then the speculative rows (rows the caller marks ``spec``, each verifying 1 + k tokens,
+the same k for all of them: multi-token decode kernels); every later row is a prefill row (chunk
+kernels), whatever its length. The flat token batch of a step is therefore
+``[decode rows | spec rows (1 + k tokens each) | prefill tokens | padding]``.
+
+Speculative rows (README "Conventions", speculative decoding). A request that decodes
+speculatively owns a ring of R >= k + 2 private slots (never in the prefix cache). A spec row
+with n computed tokens and q = 1 + k scheduled stores the state after every one of its tokens:
+
+    state after m tokens (m = n + 1 .. n + q)   table[m // B - 1]   when m % B == 0 (block slot)
+                                                ring[m % R]          otherwise
+
+After the caller verifies the row and accepts a tokens (1 <= a <= q), the state after n + a is
+where this rule put it; the next step of that request, whatever its kind, says ``accepted = a``
+and reads
+
+    read slot   ring[n % R]            when accepted > 0 and n % B != 0
+                table[(n - 1) // B]    otherwise (the ordinary rule)
+
+(``spec_write_slots`` and ``row_read_slot`` implement both). A spec row writes no final slot of
+its own: its last token's entry above is its final state.
 """
 
 from __future__ import annotations
@@ -27,8 +46,8 @@ import torch
 
 from gdn_graphs.ops.meta import ChunkMeta
 
-__all__ = ["read_block", "write_block", "checkpoint_blocks", "count_decode_rows", "StepPlan",
-           "GDNStep"]
+__all__ = ["read_block", "write_block", "checkpoint_blocks", "classify_rows", "count_decode_rows",
+           "row_read_slot", "spec_write_slots", "StepPlan", "GDNStep"]
 
 
 def read_block(n: int, B: int) -> int:
@@ -46,14 +65,54 @@ def checkpoint_blocks(n: int, q: int, B: int) -> range:
     return range(n // B, write_block(n, q, B))
 
 
-def count_decode_rows(num_scheduled: Sequence[int]) -> int:
-    """Leading rows that schedule exactly one token: the decode rows of a step."""
+def classify_rows(num_scheduled: Sequence[int],
+                  spec: Optional[Sequence[bool]] = None) -> tuple[int, int]:
+    """(decode rows, spec rows) of a step: the leading non-spec rows that schedule exactly one
+    token, then the rows marked ``spec[i]`` that follow them; every later row is a prefill row.
+    Raises ValueError for a spec row after a prefill row or spec rows of different lengths."""
+    rows = len(num_scheduled)
+    if spec is not None and len(spec) != rows:
+        raise ValueError(f"spec has {len(spec)} entries for {rows} rows")
+    is_spec = (lambda i: False) if spec is None else (lambda i: bool(spec[i]))
     nd = 0
-    for q in num_scheduled:
-        if q != 1:
-            break
+    while nd < rows and num_scheduled[nd] == 1 and not is_spec(nd):
         nd += 1
-    return nd
+    ns = nd
+    while ns < rows and is_spec(ns):
+        if num_scheduled[ns] != num_scheduled[nd]:
+            raise ValueError(f"row {ns}: spec rows must all schedule 1 + k tokens with one k, "
+                             f"got {num_scheduled[ns]} and {num_scheduled[nd]}")
+        ns += 1
+    for i in range(ns, rows):
+        if is_spec(i):
+            raise ValueError(f"row {i}: a spec row must come before every prefill row "
+                             f"(rows are [decode | spec | prefill])")
+    return nd, ns - nd
+
+
+def count_decode_rows(num_scheduled: Sequence[int], spec: Optional[Sequence[bool]] = None) -> int:
+    """Decode rows of a step (``classify_rows``' first count)."""
+    return classify_rows(num_scheduled, spec)[0]
+
+
+def row_read_slot(n: int, table: Sequence[int], B: int, ring: Optional[Sequence[int]] = None,
+                  accepted: int = 0) -> int:
+    """Slot holding the state after ``n`` tokens: the ring's when the previous step was a spec
+    row (``accepted`` > 0) that left it off a block boundary, else the block table's."""
+    if n == 0:
+        return -1
+    if accepted > 0 and n % B:
+        return int(ring[n % len(ring)])
+    return int(table[(n - 1) // B])
+
+
+def spec_write_slots(n: int, q: int, table: Sequence[int], ring: Sequence[int], B: int) -> list[int]:
+    """Slot of the state after each token of a spec row (entry j: after n + j + 1 tokens)."""
+    R = len(ring)
+    out = []
+    for m in range(n + 1, n + q + 1):
+        out.append(int(table[m // B - 1]) if m % B == 0 else int(ring[m % R]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -61,6 +120,9 @@ class StepPlan:
     """Host-side summary of a validated step (slots as the kernels see them)."""
 
     num_decodes: int
+    num_spec: int                        # spec rows (after the decodes, before the prefills)
+    spec_len: int                        # tokens of each spec row (1 + k; 0 without spec rows)
+    padded_spec: int                     # spec rows to launch (== num_spec unless padded)
     num_prefills: int
     num_prefill_tokens: int
     num_tokens: int                      # real scheduled tokens (decodes first, then prefills)
@@ -72,10 +134,13 @@ class StepPlan:
     prefill_read: tuple[int, ...]
     prefill_write: tuple[int, ...]
     prefill_ckpts: tuple[tuple[int, ...], ...]  # per prefill row, NO_SLOT where nothing is stored
+    spec_read: tuple[int, ...] = ()
+    spec_write: tuple[tuple[int, ...], ...] = ()  # per spec row, the slot after each token
+    spec_accepted: tuple[int, ...] = ()           # per spec row, the accepted count it read by
 
     @property
     def num_seqs(self) -> int:
-        return self.num_decodes + self.num_prefills
+        return self.num_decodes + self.num_spec + self.num_prefills
 
     @property
     def is_pure_decode(self) -> bool:
@@ -105,8 +170,20 @@ class GDNStep:
     # (gdn_graphs.ops.common: ERR_SLOT, ERR_TOKENS, ERR_META); None: nothing is reported. The
     # planner owns it, zeroes it in each plan() and reads it back (GDNPlanner.read_errors).
     error_flag: Optional[torch.Tensor] = None
+    # speculative rows, after the decode rows (gdn_decode_multi / conv_decode_multi): num_spec
+    # rows of spec_len tokens each (host ints: they shape the launches; a FULL graph is captured
+    # per (num_spec bucket, spec_len)). Persistent int32 views of the planner's buffers:
+    num_spec: int = 0
+    spec_len: int = 0
+    spec_read: Optional[torch.Tensor] = None   # [>= num_spec] read slot of spec row i
+    spec_write: Optional[torch.Tensor] = None  # [>= num_spec, >= spec_len] slot after token t
+    spec_cu: Optional[torch.Tensor] = None     # [>= num_spec + 1] token offsets: i * spec_len
+
+    @property
+    def num_spec_tokens(self) -> int:
+        return self.num_spec * self.spec_len
 
     @property
     def num_tokens(self) -> int:
-        """Tokens the step launches: decode rows (padded) + prefill tokens."""
-        return self.num_decodes + self.num_prefill_tokens
+        """Tokens the step launches: decode rows (padded) + spec tokens + prefill tokens."""
+        return self.num_decodes + self.num_spec_tokens + self.num_prefill_tokens

@@ -247,6 +247,29 @@ def test_kernel_error_flag_fails_the_step(tiny, monkeypatch):
     assert ok.status == "finished" and ok.output == engine(tiny).generate([prompt_of(40, 4)], 2)[0].output
 
 
+def test_non_finite_logits_fail_their_request_alone():
+    """A request whose logits hold a NaN (here: a token whose embedding is NaN, in its prompt
+    only) fails alone, with the reason, at the step that samples it; the requests batched with it
+    get the tokens they get without it, and every slot goes back."""
+    model = HybridGDNModel(preset("tiny"))  # its own copy: one embedding row is poisoned
+    POISON = 7
+    with torch.no_grad():
+        model.embed.weight[POISON] = float("nan")
+    clean = [[t for t in prompt_of(n, 80 + n) if t != POISON] for n in (70, 40)]
+    bad = [t for t in prompt_of(50, 90) if t != POISON] + [POISON] + prompt_of(20, 91)
+    eng = engine(model, max_seqs=3)
+    reqs = [eng.add_request(p, 4) for p in (clean[0], bad, clean[1])]
+    while eng.has_unfinished():
+        eng.step()
+    assert reqs[1].status == "error" and "non-finite logits" in reqs[1].error, reqs[1].error
+    assert reqs[1].output == []
+    alone = engine(model).generate(clean, 4)
+    assert [reqs[0].output, reqs[2].output] == [r.output for r in alone]
+    assert reqs[0].status == reqs[2].status == "finished"
+    eng.cache.check_invariants()
+    assert eng.cache.num_available == eng.cfg.num_slots
+
+
 def test_piecewise_engine_no_recompile_per_step(tiny):
     # aot_eager: the same Dynamo graph capture and fake-tensor tracing of gdn_core as Inductor,
     # without the C++ compile (that path is exercised by the demo and the GPU tier)

@@ -59,6 +59,9 @@ from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from gdn_graphs.runtime.step import classify_rows
 
+# the greedy token of a row whose logits hold a NaN or an Inf (never a vocabulary id)
+NON_FINITE = -1
+
 __all__ = ["Engine", "OutOfSlots"]
 
 
@@ -149,12 +152,18 @@ class Engine:
                                         dynamic=None, fullgraph=True, **kw)
         self._compiled = shared[key]
 
+    @staticmethod
+    def _greedy(logits: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens, NON_FINITE where a row's logits hold a NaN or an Inf: graph-safe (no
+        branch on values), and the host learns it with the tokens it reads anyway."""
+        return torch.where(torch.isfinite(logits).all(-1), logits.argmax(-1), NON_FINITE)
+
     def _decode_graph_fn(self, size: int):
         """A whole decode step for a padded batch of ``size`` rows, reading persistent buffers only:
         returns the greedy next token of every row (padded rows: garbage, ignored)."""
         with step_context(StepContext(self.planner.template(size))):
             h = self.model(self._ids_buf[:size])
-            return self.model.logits(h).argmax(-1)
+            return self._greedy(self.model.logits(h))
 
     def _spec_graph_fn(self, size: int):
         """A whole step of ``size`` spec rows (1 + k tokens each) from persistent buffers: the
@@ -162,7 +171,7 @@ class Engine:
         L = self._k + 1
         with step_context(StepContext(self.planner.spec_template(size, L))):
             h = self.model(self._spec_ids_buf[:size * L])
-            return self.model.logits(h).argmax(-1)
+            return self._greedy(self.model.logits(h))
 
     def _setup_full(self):
         from gdn_graphs.runtime.graphs import GraphManager
@@ -376,7 +385,7 @@ class Engine:
                         if sample_rows:
                             idx = [t + j for _, t, c in sample_rows for j in range(c)]
                             idx = torch.tensor(idx, device=self.device)
-                            greedy = self.model.logits(hidden[idx]).argmax(-1)
+                            greedy = self._greedy(self.model.logits(hidden[idx]))
                     sampled, accepted = self._verify(sample_rows, greedy, drafts, use_graph)
                     if record is not None:
                         for i, (r, q) in enumerate(rows):
@@ -456,6 +465,12 @@ class Engine:
             r.num_computed += q if a is None else a
             r.accepted = a or 0
             r.metrics.num_steps += 1
+            if i in sampled and NON_FINITE in sampled[i][:a or 1]:
+                # its logits (so its hidden state, and maybe its GDN state) hold a NaN or an
+                # Inf: that request fails alone; nothing of this step is committed for it
+                self._retire(r, "error", f"non-finite logits (NaN or Inf) after "
+                             f"{r.num_computed} tokens, in step {self.step_count}")
+                continue
             if i in sampled:
                 new = sampled[i][:a or 1][:r.max_new_tokens - len(r.output)]
                 r.output.extend(new)

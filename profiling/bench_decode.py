@@ -392,7 +392,7 @@ def latency_floor(bench, B):
         ws = tl.load(ws_ptr + i_n).to(tl.int64)
         tl.store(pool + ws * stride_s + o, tl.load(pool + rs * stride_s + o))
 
-    BV, nw = default_config(K, V, B, torch.float32)
+    BV, nw = default_config(K, V, B, torch.float32)[:2]
     grid = (B, HV * (V // BV))
     pools = [torch.zeros(2 * B, HV, V, K, device=DEVICE) for _ in range(LAYERS)]
     rs = torch.arange(B, dtype=torch.int32, device=DEVICE)
@@ -754,7 +754,7 @@ def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
             r = bench_column(bench, [("", make_ours(gdn_decode, pdl=True))], B, torch.bfloat16,
                              budget, target, ref_make=make_ours(gdn_decode))
             cfg = default_config_of(gdn_decode, B, torch.bfloat16)
-            r.update(BV=cfg[0], num_warps=cfg[1], maxnreg=None, pdl=True)
+            r.update(BV=cfg[0], num_warps=cfg[1], nsub=cfg[2], maxnreg=None, pdl=True)
             if "TBps" in r:
                 r["ratio_to_copy"] = r["TBps"] / copy
             rows.append(r)

@@ -248,12 +248,14 @@ def test_decode_empty_batch(device):
 
 def test_default_config():
     # the measured optimum on an H200 at Qwen3-Next shapes (see default_config's docstring)
-    assert default_config(128, 128, 64) == (8, 1)
-    assert default_config(128, 128, 256) == (8, 1)
-    assert default_config(128, 128, 1) == (4, 1)
-    BV, nw = default_config(128, 128, 256, torch.bfloat16)
-    assert BV * 128 * 2 <= 4096
+    assert default_config(128, 128, 64) == (8, 1, 1)
+    assert default_config(128, 128, 256) == (8, 1, 1)
+    assert default_config(128, 128, 1) == (4, 1, 1)
+    # a bf16 pool: the same [8, 128] tile, two per program (~4 KiB in flight per program)
+    assert default_config(128, 128, 256, torch.bfloat16) == (8, 1, 2)
+    assert default_config(128, 128, 4, torch.bfloat16) == (4, 1, 1)
     assert default_config(16, 16, 3)[0] <= 16
+    assert default_config(16, 16, 64, torch.bfloat16)[2] == 1  # one tile covers V
 
 
 if given is not None:

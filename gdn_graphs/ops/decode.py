@@ -224,21 +224,25 @@ def _gdn_decode_kernel(
 
 @functools.lru_cache(maxsize=4096)  # runs on every launch: keep it off the host's critical path
 def default_config(K: int, V: int, N: int, state_dtype: torch.dtype = torch.float32):
-    """Default (BV, num_warps) for a launch, from the shapes only.
+    """Default (BV, num_warps, nsub) for a launch of ``N`` one-token rows, from the shapes only.
 
-    A program streams a [BV, K] state tile in and out; the launch is memory-bound, so what counts
-    is many small programs with their loads in flight: a ~4 KiB tile with one warp per 1024
-    elements, and a ~2 KiB tile (BV <= 4) below 16 rows, where too few programs would fill the
-    SMs. (Measurements on an H200: profiling/results/2026-11-29/SUMMARY.md, the (BV, num_warps)
-    sweep.)
+    A program streams its state tiles in and out; the launch is memory-bound, so what counts is
+    the bytes each program keeps in flight: ~4 KiB per program, as ``nsub`` tiles of ~1024
+    elements with one warp (~32 elements per thread), the next tile's load issued while one is
+    computed. So an fp32 pool takes one [8, 128] tile per program and a bf16 pool two (with one
+    bf16 tile per program, the bytes in flight halve: 74% of the copy bandwidth at B = 64 against
+    85% with two). Below 16 rows a ~2 KiB tile (BV <= 4), one per program, so that enough
+    programs fill the SMs. (Measurements on an H200: profiling/results/2026-11-29/SUMMARY.md and
+    2026-12-01/SUMMARY.md, the (BV, num_warps, nsub) sweeps.)
     """
     BK = triton.next_power_of_2(K)
-    target_elems = 4096 // state_dtype.itemsize       # ~4 KiB per tile
-    BV = max(1, min(triton.next_power_of_2(V), target_elems // BK))
+    BV = max(1, min(triton.next_power_of_2(V), 1024 // BK))
     if N < 16:
-        BV = max(1, min(BV, 4))
+        return max(1, min(BV, 4)), 1, 1
     num_warps = max(1, min(8, (BV * BK) // 1024))     # ~32 state elements per thread
-    return BV, num_warps
+    tile_bytes = BV * BK * state_dtype.itemsize
+    nsub = max(1, min(4096 // tile_bytes, triton.cdiv(V, BV)))
+    return BV, num_warps, 1 << (nsub.bit_length() - 1)   # a power of two
 
 
 # the checks of both public functions; every message starts "gdn_decode: "
@@ -324,15 +328,18 @@ def _check_pdl(pdl, dev):
               f"interpreter), got {dev}")
 
 
-def _resolve_config(K, V, N, ssm, BV, num_warps):
-    dBV, dnw = default_config(K, V, N, ssm.dtype)
+def _resolve_config(K, V, N, ssm, BV, num_warps, nsub):
+    """The launch's (BV, num_warps, nsub): the defaults where None; a tile chosen by hand (BV or
+    num_warps given) is one tile per program unless nsub says otherwise."""
+    dBV, dnw, dns = default_config(K, V, N, ssm.dtype)
+    if nsub is None:
+        nsub = dns if BV is None and num_warps is None else 1
     BV = dBV if BV is None else BV
     num_warps = dnw if num_warps is None else num_warps
-    if BV < 1 or BV & (BV - 1):
-        _fail(f"BV must be a power of two, got {BV}")
-    if num_warps < 1 or num_warps & (num_warps - 1):
-        _fail(f"num_warps must be a power of two, got {num_warps}")
-    return BV, num_warps
+    for name, x in (("BV", BV), ("num_warps", num_warps), ("nsub", nsub)):
+        if not isinstance(x, int) or x < 1 or x & (x - 1):
+            _fail(f"{name} must be a power of two, got {x!r}")
+    return BV, num_warps, nsub
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,7 +378,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
 # --------------------------------------------------------------------------------------------
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
-               *, BV=None, num_warps=None, pdl=False, error_flag=None, nsub=1):
+               *, BV=None, num_warps=None, pdl=False, error_flag=None, nsub=None):
     """One GDN decode token per row, state read from and written to a slot pool.
 
     Args:
@@ -396,8 +403,9 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
         scale:       q scale after l2norm, default K ** -0.5.
         BV, num_warps: tile height and warps per program (defaults: ``default_config``).
         nsub:        [BV, K] tiles per program (a power of two), each one's successor loaded
-                     while it is computed; 1 (the default) is one tile per program. The same
-                     arithmetic per row whatever nsub: outputs and states are bit-identical.
+                     while it is computed (default: ``default_config``'s, or 1 when BV or
+                     num_warps is given). The same arithmetic per row whatever nsub: outputs and
+                     states are bit-identical to one tile per program with that BV, num_warps.
         pdl:         launch with programmatic dependent launch (CUDA, sm_90+): the slot and state
                      loads overlap the previous kernel in the stream, and the next kernel may
                      start before this one ends. Requires that the kernel just before this one
@@ -412,9 +420,7 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
     check_flag("gdn_decode", error_flag, q.device, ref="q")
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slot", write_slot, N, q.device)
-    BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
-    if not isinstance(nsub, int) or nsub < 1 or nsub & (nsub - 1):
-        _fail(f"nsub must be a power of two, got {nsub!r}")
+    BV, num_warps, nsub = _resolve_config(K, V, N, ssm, BV, num_warps, nsub)
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
@@ -451,7 +457,7 @@ def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, 
     _check_slots("cu_seqlens", cu_seqlens, N + 1, q.device)
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slots", write_slots, N, q.device, ndim=2)
-    BV, num_warps = _resolve_config(K, V, N, ssm, BV, num_warps)
+    BV, num_warps, _ = _resolve_config(K, V, N, ssm, BV, num_warps, 1)  # one tile a program
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,

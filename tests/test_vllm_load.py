@@ -119,6 +119,7 @@ def test_timeout_is_reported(load):
     assert res["timed_out"] and load.check("x", {"scenarios": {"load": res}}, False)
 
 
+@pytest.mark.vllm  # tools.tiny_model needs transformers, which the vLLM tier installs
 def test_kv_bytes_from_the_tiny_checkpoint(load, tmp_path):
     from tools.tiny_model import tiny_config
 

@@ -170,3 +170,45 @@ def test_load_shape_plugin_vs_align(vllm_cpu, capsys):
     assert ours["shared_hit_fraction"] == 1.0
     assert ours["preempted"] <= theirs["preempted"]
     assert ours["scheduled_tokens"] <= theirs["scheduled_tokens"] * 1.02
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prefill_chunks_end_on_multiples_of_64(vllm_cpu, async_scheduling):
+    """With decodes taking part of each step's budget (1024 tokens), a long prompt's chunks end
+    on multiples of 64 (our kernels' chunk grid: warm == cold) until its last token, and every
+    request still finishes; vLLM's own mode "all" would end them wherever the budget ran out."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    from gdn_graphs.vllm.v0_26.schedule import chunk_aligned_split
+
+    init_none_hash(sha256)
+    sched = scheduler(vllm_cpu, 400, async_scheduling)
+    assert sched.need_mamba_block_aligned_split
+    assert sched._mamba_block_aligned_split is chunk_aligned_split
+    rng = np.random.default_rng(1)
+    short = [request(f"d{i}", rng.integers(10, 4000, 40 + i).tolist(), max_tokens=60)
+             for i in range(3)]
+    long = request("long", rng.integers(10, 4000, 5000).tolist(), max_tokens=4)
+    for r in short:
+        sched.add_request(r)
+    ends, in_flight, steps = [], [], 0
+    while sched.has_unfinished_requests() or in_flight:
+        if steps == 2:
+            sched.add_request(long)  # the short ones decode by now: 3 tokens of every budget
+        out = sched.schedule()
+        n = out.num_scheduled_tokens.get("long")
+        if n:  # (schedule() has advanced num_computed_tokens past the chunk)
+            ends.append(long.num_computed_tokens)
+        in_flight.append((out, {r: sched.requests[r].num_computed_tokens >=
+                                sched.requests[r].num_prompt_tokens for r in out.num_scheduled_tokens}))
+        while len(in_flight) > (1 if async_scheduling else 0) or (in_flight and not out.num_scheduled_tokens):
+            done, sampling = in_flight.pop(0)
+            if done.num_scheduled_tokens:
+                sched.update_from_output(done, model_output(done, sampling, rng))
+        steps += 1
+        assert steps < 500
+    prefill_ends = [e for e in ends if e < 5000]
+    assert len(prefill_ends) >= 4 and all(e % 64 == 0 for e in prefill_ends), ends
+    assert 5000 in ends and all(len(r.output_token_ids) == r.max_tokens for r in short + [long])

@@ -3,7 +3,8 @@
 Modules: ``config`` (registration and the config hook, imported in every vLLM process), ``model``
 (model classes, GDN layer, backend, metadata builder; imported where vLLM builds the model),
 ``qwen3_5`` (Qwen3.5's classes; vLLM's Qwen3.5 imports torchvision), ``pages`` (the page layout),
-``state_pages`` (the GDN groups' KV-cache spec and manager: capacity, page rules, page stats).
+``state_pages`` (the GDN groups' KV-cache spec and manager: capacity, page rules, page stats),
+``schedule`` (prefill chunks ending on multiples of 64).
 The version-neutral parts are ``gdn_graphs.vllm.slots``, ``.builder``, ``.warmup`` and
 ``gdn_graphs.runtime``.
 
@@ -24,6 +25,11 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   ``_ensure_registered()`` (the registry fills itself with vLLM's specs only while empty). Only
   our layer makes that spec, in mode "all" with our kernels on; every other spec keeps vLLM's
   manager.
+* ``Scheduler.__init__`` (``AsyncScheduler``'s too) is wrapped: an engine with the plugin on in
+  mode "all" sets ``need_mamba_block_aligned_split`` (vLLM sets it in "align" only) and an
+  instance ``_mamba_block_aligned_split`` that clips prefill chunk ends to multiples of 64;
+  reads ``has_mamba_layers``, ``cache_config``, ``vllm_config``, and ``Request``'s
+  ``num_computed_tokens``, ``num_prompt_tokens``, ``num_tokens``.
 
 What it reads or overrides:
 * ``QwenGatedDeltaNetAttention.get_kv_cache_spec`` (ours returns ``GDNStateSpec`` in mode "all").

@@ -33,6 +33,10 @@ def register() -> None:
     # our KV-cache spec and its manager, in every process: the engine core builds the manager
     # from specs that the workers' layers made
     import gdn_graphs.vllm.v0_26.state_pages  # noqa: F401  (registers on import)
+    # prefill chunks ending on multiples of 64 (the engine core builds the scheduler)
+    from gdn_graphs.vllm.v0_26.schedule import install as install_chunk_alignment
+
+    install_chunk_alignment()
 
     for arch, cls in MODEL_CLASSES.items():
         ModelRegistry.register_model(arch, cls)

@@ -729,25 +729,36 @@ def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1):
     return make
 
 
+def _sweep_row(bench, torch, gdn_decode, B, dtype, cfg, budget, target, copy):
+    """One sweep row: ours' kernel at ``cfg`` = (BV, num_warps, maxnreg, nsub), checked against
+    the default config, with its registers and spills."""
+    BV, nw, maxnreg, ns = cfg
+    info = {}
+    r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info, ns))], B, dtype, budget,
+                     target, ref_make=make_ours(gdn_decode))
+    r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, nsub=ns, **info)
+    if "TBps" in r:
+        r["ratio_to_copy"] = r["TBps"] / copy
+    return r
+
+
+def _sweep_batches(args, allowed):
+    return [B for B in (args.batches or allowed) if B in allowed] or list(allowed)
+
+
 def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
-    """Ours with a bf16 pool at TP 1 over BF16_SWEEP's (BV, num_warps) and BF16_SWEEP_MAXNREG's
-    register caps, B in BF16_SWEEP_B; each row checked against the default config and carrying
-    the kernel's registers per thread and spills (see profiling/notes_decode_bf16.md)."""
+    """Ours with a bf16 pool at TP 1 over BF16_SWEEP's (BV, num_warps), BF16_SWEEP_MAXNREG's
+    register caps and NSUB_SWEEP's tiles per program, B in BF16_SWEEP_B; each row checked
+    against the default config and carrying the kernel's registers per thread and spills (see
+    profiling/notes_decode_bf16.md)."""
     set_tp(1)
     rows = []
-    batches = [B for B in (args.batches or BF16_SWEEP_B) if B in BF16_SWEEP_B] or list(BF16_SWEEP_B)
     configs = [(BV, nw, None, 1) for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP)]
     configs += [] if args.quick else [(BV, nw, cap, 1) for BV, nw, cap in BF16_SWEEP_MAXNREG]
     configs += [(BV, nw, None, ns) for BV, nw, ns in NSUB_SWEEP]
-    for B in progress(batches, desc="bf16 sweep"):
-        for BV, nw, maxnreg, ns in configs:
-            info = {}
-            r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info, ns))], B,
-                             torch.bfloat16, budget, target, ref_make=make_ours(gdn_decode))
-            r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, nsub=ns, **info)
-            if "TBps" in r:
-                r["ratio_to_copy"] = r["TBps"] / copy
-            rows.append(r)
+    for B in progress(_sweep_batches(args, BF16_SWEEP_B), desc="bf16 sweep"):
+        rows += [_sweep_row(bench, torch, gdn_decode, B, torch.bfloat16, cfg, budget, target, copy)
+                 for cfg in configs]
         # the default config with programmatic dependent launch: how much of the small-B gap is
         # the launch's ramp-up and tail (the previous kernel's tail overlaps this one's loads)
         if DEVICE == "cuda":
@@ -765,18 +776,10 @@ def run_nsub_sweep_fp32(bench, torch, gdn_decode, args, budget, target, copy):
     """Ours with an fp32 pool at TP 1 over NSUB_SWEEP (tiles per program), B in NSUB_SWEEP_B,
     each row checked against the default config (the bf16 sweep holds the bf16 rows)."""
     set_tp(1)
-    rows = []
-    batches = [B for B in (args.batches or NSUB_SWEEP_B) if B in NSUB_SWEEP_B] or list(NSUB_SWEEP_B)
-    for B in progress(batches, desc="fp32 nsub sweep"):
-        for BV, nw, ns in NSUB_SWEEP:
-            info = {}
-            r = bench_column(bench, [("", make_ours_raw(BV, nw, None, info, ns))], B,
-                             torch.float32, budget, target, ref_make=make_ours(gdn_decode))
-            r.update(BV=BV, num_warps=nw, maxnreg=None, nsub=ns, **info)
-            if "TBps" in r:
-                r["ratio_to_copy"] = r["TBps"] / copy
-            rows.append(r)
-    return rows
+    return [_sweep_row(bench, torch, gdn_decode, B, torch.float32, (BV, nw, None, ns), budget,
+                       target, copy)
+            for B in progress(_sweep_batches(args, NSUB_SWEEP_B), desc="fp32 nsub sweep")
+            for BV, nw, ns in NSUB_SWEEP]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ tensors."""
 from __future__ import annotations
 
 import contextlib
+import random
 
 import torch
 
@@ -15,6 +16,12 @@ from gdn_graphs.ops.meta import ChunkMeta, host_chunk_meta, make_chunk_meta
 from gdn_graphs.ops.workspace import ChunkWorkspace
 
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    """A reproducible prompt of n token ids below 256 (the tiny presets' vocabulary)."""
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(n)]
 
 
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:

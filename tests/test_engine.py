@@ -4,7 +4,6 @@ CPU tier: eager mode (kernels under the Triton interpreter), the custom op under
 GPU tier (marker ``gpu``): all three modes, FULL-graph replay vs eager, the 36-layer speedup.
 """
 
-import random
 
 import numpy as np
 import pytest
@@ -14,14 +13,9 @@ from gdn_graphs.engine import Engine, EngineConfig, Request
 from gdn_graphs.engine.model import HybridGDNModel, preset
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.step import GDNStep
-from helpers import RerunBackend
+from helpers import RerunBackend, prompt_of
 
 B = 64
-
-
-def prompt_of(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(256) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,9 @@ import torch
 from gdn_graphs.engine import Engine, EngineConfig
 from gdn_graphs.engine.model import HybridGDNModel, preset
 from gdn_graphs.engine.spec import NgramDrafter, accept_count
-from helpers import RerunBackend
+from helpers import RerunBackend, prompt_of
 
 B = 64
-
-
-def prompt_of(n, seed):
-    rng = random.Random(seed)
-    return [rng.randrange(256) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

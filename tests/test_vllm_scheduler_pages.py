@@ -42,6 +42,18 @@ def model_output(out, sampling, rng):
                              sampled_token_ids=sampled)
 
 
+def step_outputs(sched, out, in_flight, async_scheduling, rng, after=lambda: None):
+    """Queue ``out`` and hand back model outputs as vLLM's engine core does: at once, or with one
+    step still in flight under async scheduling (then also when a step scheduled nothing)."""
+    in_flight.append((out, {r: sched.requests[r].num_computed_tokens >=
+                            sched.requests[r].num_prompt_tokens for r in out.num_scheduled_tokens}))
+    while len(in_flight) > (1 if async_scheduling else 0) or (in_flight and not out.num_scheduled_tokens):
+        done, sampling = in_flight.pop(0)
+        if done.num_scheduled_tokens:
+            sched.update_from_output(done, model_output(done, sampling, rng))
+        after()
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("num_blocks", [30, 60, 200])
 @pytest.mark.parametrize("async_scheduling", [False, True])
@@ -70,13 +82,7 @@ def test_vllms_scheduler_runs_shared_prompts_through_our_manager(vllm_cpu, num_b
         for new in out.scheduled_new_reqs:  # its prefix hit, at its first scheduling
             hits.setdefault(new.req_id, new.num_computed_tokens)
         check_pool(kvm)
-        in_flight.append((out, {r: sched.requests[r].num_computed_tokens >=
-                                sched.requests[r].num_prompt_tokens for r in out.num_scheduled_tokens}))
-        while len(in_flight) > (1 if async_scheduling else 0) or (in_flight and not out.num_scheduled_tokens):
-            done, sampling = in_flight.pop(0)
-            if done.num_scheduled_tokens:
-                sched.update_from_output(done, model_output(done, sampling, rng))
-            check_pool(kvm)
+        step_outputs(sched, out, in_flight, async_scheduling, rng, after=lambda: check_pool(kvm))
         steps += 1
         assert steps < 3000
     stats = gdn_managers(kvm)[0].stats
@@ -201,12 +207,7 @@ def test_prefill_chunks_end_on_multiples_of_64(vllm_cpu, async_scheduling):
         n = out.num_scheduled_tokens.get("long")
         if n:  # (schedule() has advanced num_computed_tokens past the chunk)
             ends.append(long.num_computed_tokens)
-        in_flight.append((out, {r: sched.requests[r].num_computed_tokens >=
-                                sched.requests[r].num_prompt_tokens for r in out.num_scheduled_tokens}))
-        while len(in_flight) > (1 if async_scheduling else 0) or (in_flight and not out.num_scheduled_tokens):
-            done, sampling = in_flight.pop(0)
-            if done.num_scheduled_tokens:
-                sched.update_from_output(done, model_output(done, sampling, rng))
+        step_outputs(sched, out, in_flight, async_scheduling, rng)
         steps += 1
         assert steps < 500
     prefill_ends = [e for e in ends if e < 5000]

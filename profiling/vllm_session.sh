@@ -13,6 +13,9 @@
 #   bash profiling/vllm_session.sh edge          # issue 16: the plugin at the largest
 #                                                # max_model_len vLLM's own mode accepts
 #   bash profiling/vllm_session.sh load          # issue 16: the load scenario, plugin vs own mode
+#   bash profiling/vllm_session.sh layout80      # issues 13/16: the 80B-A3B layout with 8 layers
+#                                                # (LAYERS80) on one GPU, random weights: capacity
+#                                                # and reuse, plugin and own mode side by side
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
 set -u
@@ -129,6 +132,18 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     echo "vLLM's own mode auto-fit max_model_len: $L"
     e2e edge_plugin $M16 --dtype bfloat16 --plugin on --prefix-caching on --graphs on $kv \
         --max-model-len "$L" --scenarios system,ttft --ttft-len $((L - 200)) ;;
+  layout80)  # the 80B-A3B layout (HV 32, HK 16, 128-dim heads, 512 experts) cut to LAYERS80 layers
+    # (every 4th attention: vLLM still forms one attention and three GDN groups), dummy weights.
+    # Both engines side by side at the same KV memory (fixed: capacity does not depend on timing).
+    M80=/tmp/qwen3_next_80b_${LAYERS80:-8}l
+    [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
+    for who in plugin vllm; do
+      p=on; [ $who = vllm ] && p=off
+      e2e l80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on \
+          --graphs on --gpu-mem 0.3 --kv-cache-gib ${KV80_GIB:-24} --scenarios shared,system,ttft \
+          --ttft-len 16000 &
+    done
+    wait ;;
   load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
     for who in ${WHO:-plugin vllm}; do
       p=on; [ $who = vllm ] && p=off

@@ -55,19 +55,27 @@ def write_tiny_qwen3_5_config(path: str | Path, **kw) -> Path:
     return path
 
 
-def full_size_config(dtype: str = "bfloat16"):
+def full_size_config(dtype: str = "bfloat16", layers: int | None = None):
     """transformers' default Qwen3NextConfig: the Qwen3-Next-80B-A3B layout (48 layers, every 4th
     full attention; GDN heads 16 key / 32 value of dim 128; 512 experts). For random-weight runs
-    (vLLM ``load_format="dummy"``): only config.json is written."""
+    (vLLM ``load_format="dummy"``): only config.json is written. ``layers`` (a multiple of 4) keeps
+    the layout with fewer layers, so the model fits one GPU (8 layers: ~26 GB in bf16) while vLLM
+    still forms its KV-cache groups as for 48 (one attention group, three GDN groups)."""
     from transformers import Qwen3NextConfig
 
-    return Qwen3NextConfig(torch_dtype=dtype, architectures=["Qwen3NextForCausalLM"])
+    if layers is None:
+        return Qwen3NextConfig(torch_dtype=dtype, architectures=["Qwen3NextForCausalLM"])
+    if layers < 4 or layers % 4:
+        raise ValueError(f"layers must be a positive multiple of 4 (every 4th is attention), got {layers}")
+    types = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
+    return Qwen3NextConfig(torch_dtype=dtype, architectures=["Qwen3NextForCausalLM"],
+                           num_hidden_layers=layers, layer_types=types)
 
 
-def write_full_size_config(path: str | Path, dtype: str = "bfloat16") -> Path:
+def write_full_size_config(path: str | Path, dtype: str = "bfloat16", layers: int | None = None) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    full_size_config(dtype).save_pretrained(path)
+    full_size_config(dtype, layers).save_pretrained(path)
     return path
 
 
@@ -99,13 +107,17 @@ def main(argv=None):
     ap.add_argument("--config-only", action="store_true")
     ap.add_argument("--full-size", action="store_true",
                     help="the 80B-A3B layout, config.json only (for load_format='dummy')")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="with --full-size: that many layers (a multiple of 4), to fit one GPU")
     ap.add_argument("--qwen3-5", choices=("dense", "moe"), default=None,
                     help="a tiny Qwen3.5 config.json instead (for load_format='dummy')")
     a = ap.parse_args(argv)
     if a.qwen3_5:
         print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe"))
+    elif a.layers is not None and not a.full_size:
+        ap.error("--layers goes with --full-size")
     elif a.full_size:
-        print(write_full_size_config(a.path, a.dtype))
+        print(write_full_size_config(a.path, a.dtype, a.layers))
     else:
         print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))
 

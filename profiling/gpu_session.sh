@@ -6,7 +6,8 @@
 # launch knobs only; BENCHES="bench_decode" picks), demo (gdn-graphs demo at full size), profile
 # (gdn-graphs profile, qwen3-next preset), soak (profiling/soak.py, 10,000 steps full vs eager),
 # sanitizer (compute-sanitizer memcheck/racecheck/synccheck over tests/test_gpu_safety.py's
-# random plans). .whl holds wheels the GPU image lacks (nvtx, fla-core) for Python 3.12; see
+# random plans), safety (soak and the three sanitizer tools at once). .whl holds wheels the GPU
+# image lacks (nvtx, fla-core) for Python 3.12; see
 # profiling/README.md. OLD=DIR runs bench/demo from another tree (DIR holds its gdn_graphs and
 # profiling/) with results under $W/old: a before/after comparison in one session
 # (OLD_BENCHES="" skips its benchmarks). DECODE_ARGS / PREFILL_ARGS are added to the bench
@@ -31,6 +32,12 @@ fi
 echo "PYTHONPATH=$PYTHONPATH"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git rev-parse --short HEAD; } > "$W/gpu.txt" 2>&1
 summary=()
+sanitize() {  # sanitize TOOL: tests/test_gpu_safety.py's workload under compute-sanitizer
+  local env=(); [ $1 = memcheck ] && env=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+  local extra=(); [ $1 = memcheck ] && extra=(--leak-check no)
+  timeout "${SAN_TIMEOUT:-300}" "${env[@]}" compute-sanitizer --tool $1 "${extra[@]}" --error-exitcode 9 \
+    python3 tests/test_gpu_safety.py > "$W/sanitizer_$1.log" 2>&1
+}
 for what in ${@:-tests bench}; do
   t0=$(date +%s)
   case $what in
@@ -61,11 +68,14 @@ for what in ${@:-tests bench}; do
     soak)  timeout "${SOAK_TIMEOUT:-300}" python3 profiling/soak.py --out "$W" ${SOAK_ARGS:-} > "$W/soak.log" 2>&1; rc=$?
            tail -2 "$W/soak.log" ;;
     sanitizer) rc=0
-           for tool in memcheck racecheck synccheck; do
-             timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool $tool --error-exitcode 9 \
-               python3 tests/test_gpu_safety.py > "$W/sanitizer_$tool.log" 2>&1 || rc=$?
-             echo "$tool: $(tail -1 "$W/sanitizer_$tool.log")"
-           done ;;
+           for tool in memcheck racecheck synccheck; do sanitize $tool || rc=$?; done ;;
+    safety) # issue 14 in one call: the soak and the three sanitizer tools at once (separate
+           # processes; neither is a timing)
+           timeout "${SOAK_TIMEOUT:-300}" python3 profiling/soak.py --out "$W" ${SOAK_ARGS:-} > "$W/soak.log" 2>&1 &
+           pids=($!); for tool in memcheck racecheck synccheck; do sanitize $tool & pids+=($!); done
+           rc=0; for p in "${pids[@]}"; do wait $p || rc=$?; done
+           tail -2 "$W/soak.log"
+           for tool in memcheck racecheck synccheck; do echo "$tool: $(tail -1 "$W/sanitizer_$tool.log")"; done ;;
     *) echo "unknown target $what"; rc=2 ;;
   esac
   summary+=("$what: rc=$rc in $(( $(date +%s) - t0 )) s")

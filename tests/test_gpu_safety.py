@@ -42,6 +42,7 @@ from gdn_graphs.constants import NO_SLOT
 from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.common import ERR_SLOT, ERR_TOKENS, error_names
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
+from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.meta import chunk_meta
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
@@ -406,6 +407,12 @@ def sanitizer_workload(device="cuda", seed: int = 0, steps: int = 6) -> list[int
                      slots([0, 2, 3, 6, 2 ** 31 - 1], dev), slots([1, 10 ** 6, -7, 3], dev),
                      slots([[4, 5], [num_slots, NO_SLOT], [6, -2], [7, 8]], dev),
                      pdl=pdl_supported(dev), error_flag=fl)
+    expect(fl.item(), ERR_SLOT | ERR_TOKENS)
+    # its conv partner (speculative rows): the same rows, windows of the conv pool
+    fl = flag(dev)
+    conv_decode_multi(x[:6], conv_w, None, cpool, slots([0, 2, 3, 6, 2 ** 31 - 1], dev),
+                      slots([1, 10 ** 6, -7, 3], dev),
+                      slots([[4, 5], [num_slots, NO_SLOT], [6, -2], [7, 8]], dev), error_flag=fl)
     expect(fl.item(), ERR_SLOT | ERR_TOKENS)
     torch.cuda.synchronize()
     return flags

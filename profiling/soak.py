@@ -2,8 +2,8 @@
 
     python profiling/soak.py --steps 10000 [--out DIR] [--seed 0] [--preset tiny]
 
-Two engines over the same model weights (one in ``full`` mode, one ``eager``, prefix caching on)
-receive the same schedule, decided by a seeded generator at each step number: new requests
+Two engines, each with its own model of the same seeded weights (one in ``full`` mode, one
+``eager``, prefix caching on; the state pools live on the model) receive the same schedule, decided by a seeded generator at each step number: new requests
 (prompts that share prefixes, so the prefix cache hits, evicts and refills), aborts of running or
 waiting requests. At the end every request must have the same status and the same generated tokens
 in both engines (float32: bit-identical logits give identical greedy tokens), both caches must pass
@@ -41,12 +41,13 @@ def soak(steps: int, seed: int, preset_name: str, window: int, log=print) -> dic
 
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
-    model = HybridGDNModel(preset(preset_name), device=dev)
+    # one model per engine (the same seeded weights): an engine's state pools live on its model
     common = dict(enable_prefix_caching=True, block_size=64, num_slots=160, max_seqs=8,
                   max_tokens=256, max_model_len=1024, decode_buckets=(1, 2, 4, 8), progress=False)
     modes = ("full", "eager") if gpu else ("eager", "eager")
-    engines = [Engine(model, EngineConfig(mode=m, **common)) for m in modes]
-    vocab = model.cfg.vocab_size
+    engines = [Engine(HybridGDNModel(preset(preset_name), device=dev), EngineConfig(mode=m, **common))
+               for m in modes]
+    vocab = engines[0].model.cfg.vocab_size
     rng0 = random.Random(seed)
     prefixes = [[rng0.randrange(vocab) for _ in range(rng0.randrange(64, 400))] for _ in range(6)]
     reqs: list[list] = [[], []]

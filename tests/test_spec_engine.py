@@ -117,11 +117,11 @@ def test_spec_engine_ngram_drafts_change_no_token(tiny):
 def test_spec_full_mode_logic_with_rerun_backend(tiny):
     be = RerunBackend()
     k = 2
+    prompts = [prompt_of(70 + 20 * i, 40 + i) for i in range(3)]
+    ref = engine(tiny, enable_prefix_caching=False).generate(prompts, 5)
     eng = engine(tiny, spec="ngram", k=k, mode="full", graph_backend=be,
                  compile_backend="aot_eager", decode_buckets=(1, 2, 4), progress=False)
     be.manager, be.fn = eng._graphs, {"decode": eng._decode_graph_fn, "spec": eng._spec_graph_fn}
-    prompts = [prompt_of(70 + 20 * i, 40 + i) for i in range(3)]
-    ref = engine(tiny, enable_prefix_caching=False).generate(prompts, 5)
     eng.drafter = OracleDrafter([p + r.output for p, r in zip(prompts, ref)], k, seed=1)
     out = eng.generate(prompts, 5)
     assert [r.output for r in out] == [r.output for r in ref]

@@ -79,8 +79,10 @@ class Engine:
         ok, why = mode_available(cfg.mode, self.device)
         if not ok and cfg.graph_backend is None:
             raise RuntimeError(f"mode {cfg.mode!r} is unavailable: {why}")
-        if model.num_slots != cfg.num_slots:
-            model.allocate_pools(cfg.num_slots)
+        # The pools live on the model and are this engine's from now on: fresh (zero) pools, and
+        # an earlier engine on the same model refuses to run (it would write the same slots).
+        model.allocate_pools(cfg.num_slots)
+        model.pools_owner = self._pools_key = object()
         # speculative decoding: k drafts per row; the top slots of the pools are the rings
         self._k = k = cfg.num_spec_tokens if cfg.spec else 0
         cache_slots = cfg.num_slots - cfg.ring_slots
@@ -207,6 +209,7 @@ class Engine:
         """Queue a request. Raises TypeError (not an int: bools, floats and strings are refused,
         numpy integers are fine), ValueError (out of range, too long) or OutOfSlots at once if it
         can never run; nothing is queued then."""
+        self._check_owns_pools()
         prompt = token_ids(prompt, self.model.cfg.vocab_size)
         max_new_tokens = as_int("max_new_tokens", max_new_tokens)
         if max_new_tokens < 1:
@@ -222,6 +225,12 @@ class Engine:
                       owner=self)
         self.waiting.append(req)
         return req
+
+    def _check_owns_pools(self) -> None:
+        if getattr(self.model, "pools_owner", None) is not self._pools_key:
+            raise RuntimeError("another Engine was built on this engine's model since, and took "
+                               "its state pools: use one model per live engine (the same preset "
+                               "and seed give the same weights)")
 
     def abort(self, req: Request) -> None:
         """Stop a request of this engine and free its slots (nothing happens if it is done).
@@ -333,6 +342,7 @@ class Engine:
         # interpreter, whose speed under CPython 3.11 depends on the call depth (a frame-stack
         # chunk can be mapped and unmapped on every call at a chunk boundary); on the CPU tests
         # two more frames here cost 3x the page faults and ~35% more time.
+        self._check_owns_pools()
         with nvtx.range("engine.step"):
             self._admit()
             rows = self._schedule()

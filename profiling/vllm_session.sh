@@ -13,6 +13,7 @@
 #   bash profiling/vllm_session.sh edge          # issue 16: the plugin at the largest
 #                                                # max_model_len vLLM's own mode accepts
 #   bash profiling/vllm_session.sh load          # issue 16: the load scenario, plugin vs own mode
+#   TARGETS="pytest capacity" bash profiling/vllm_session.sh many   # targets at once (no timings)
 #   bash profiling/vllm_session.sh layout80      # issues 13/16: the 80B-A3B layout with 8 layers
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
@@ -26,10 +27,13 @@ mkdir -p "$D"
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 # a previous target's engine processes can outlive their parent (vllm_e2e.py skips vLLM's teardown)
 # and hold the GPUs' memory (seen: TP 2 workers, then "Free memory on device ... less than desired")
-nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
-sleep 2
-# the plugin is found through its entry point, so the package must be installed (no network: no deps)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$D/pip.log" 2>&1 || cat "$D/pip.log"
+# (PARALLEL=1: a sub-target of "many", which did this and the install once for all of them)
+if [ -z "${PARALLEL:-}" ]; then
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
+  sleep 2
+  # the plugin is found through its entry point, so the package must be installed (no network: no deps)
+  python3 -m pip install -q --no-deps --no-build-isolation -e . > "$D/pip.log" 2>&1 || cat "$D/pip.log"
+fi
 has_ep() { python3 -c "import importlib.metadata as m, sys; eps=[e.value for e in m.entry_points(group='vllm.general_plugins')]; print('plugins:', eps); sys.exit('gdn_graphs.vllm:register' not in eps)"; }
 if ! has_ep; then
   # seen once: the editable install's metadata was not found through PYTHONPATH. Describe it,
@@ -55,6 +59,17 @@ e2e() {  # e2e NAME MODEL args...
 }
 
 case $target in
+  many)  # TARGETS="pytest capacity edge" at once, each in its own process group and folder (for
+    # correctness and capacity runs only: timings of engines sharing the GPU mean nothing)
+    pids=()
+    for t in ${TARGETS:-pytest capacity edge layout80}; do
+      PARALLEL=1 bash "$0" "$t" > "$OUT/many_$t.txt" 2>&1 & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait $p; done
+    for t in ${TARGETS:-pytest capacity edge layout80}; do echo "=== $t"; tail -${MANY_TAIL:-12} "$OUT/many_$t.txt"; done
+    # the device returns at most 8 files: one archive of everything, and the summaries
+    tar czf /tmp/many.tgz -C "$OUT" --exclude='*.tgz' . && rm -rf "$OUT"/* && mv /tmp/many.tgz "$OUT/"
+    exit 0 ;;
   pytest)  # tests/test_vllm_e2e.py: three float32 plugin engines and vllm_report's check
     timeout "$T" python3 -m pytest -m vllm_gpu -q -p no:cacheprovider -rA tests/test_vllm_e2e.py \
       > "$D/pytest.log" 2>&1; echo "pytest: rc $?"; tail -5 "$D/pytest.log" ;;
@@ -121,7 +136,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     for who in plugin vllm; do
       p=on; [ $who = vllm ] && p=off
       e2e cap_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
-          --kv-cache-gib ${CAP_GIB:-41.3} --gpu-mem 0.9 --scenarios system
+          --kv-cache-gib ${CAP_GIB:-41.3} --gpu-mem ${CAP_GPU_MEM:-0.9} --scenarios system
     done ;;
   edge)  # issue 16: vLLM's own mode auto-fits max_model_len (-1) to a small KV size; the plugin
     # must start at that length with the same KV size (and serve a prompt near it)
@@ -140,7 +155,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     for who in plugin vllm; do
       p=on; [ $who = vllm ] && p=off
       e2e l80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on \
-          --graphs on --gpu-mem 0.3 --kv-cache-gib ${KV80_GIB:-24} --scenarios shared,system,ttft \
+          --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --scenarios shared,system,ttft \
           --ttft-len 16000 &
     done
     wait ;;

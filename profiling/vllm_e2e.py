@@ -150,6 +150,10 @@ def main(argv=None):
     ap.add_argument("--keep-states", default=None,
                     help="the plugin's keep_states option: all | ends | N (default: its own)")
     vllm_load.add_args(ap)
+    ap.add_argument("--gdn-prefill-backend", default="default",
+                    choices=("default", "auto", "triton", "flashinfer"),
+                    help="vLLM's GDN prefill when the plugin is off; default: vLLM's own 'auto' "
+                         "where FlashInfer imports (staged), else 'triton'")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--out", required=True)
     ap.add_argument("--host-profile", default=None, metavar="TXT",
@@ -163,6 +167,7 @@ def main(argv=None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts
 
     import importlib.metadata
+    import importlib.util
 
     eps = [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")]
     print("vllm.general_plugins:", eps, flush=True)
@@ -170,7 +175,11 @@ def main(argv=None):
         raise SystemExit("gdn_graphs is not installed as a vLLM plugin (pip install -e . first)")
     from vllm import LLM, SamplingParams
 
-    extra = {"gdn_prefill_backend": "triton", "gdn_graphs": a.plugin == "on"}
+    backend = a.gdn_prefill_backend
+    if backend == "default":  # vLLM's own choice ("auto": FlashInfer on Hopper) where it can run
+        backend = "auto" if importlib.util.find_spec("flashinfer") else "triton"
+    print(f"gdn_prefill_backend requested: {backend}", flush=True)
+    extra = {"gdn_prefill_backend": backend, "gdn_graphs": a.plugin == "on"}
     if a.plugin == "on" and a.keep_states is not None:
         keep = int(a.keep_states) if a.keep_states.isdigit() else a.keep_states
         extra["gdn_graphs"] = {"keep_states": keep}
@@ -197,7 +206,7 @@ def main(argv=None):
     vocab = vcfg.model_config.get_vocab_size()
     rng = np.random.default_rng(a.seed)
     res = {"config": vars(a), "engine_start_s": round(start_s, 1), "block_size": B,
-           "kv_cache_bytes": kv_bytes, "num_gpu_blocks": getattr(cc, "num_gpu_blocks", None),
+           "kv_cache_bytes": kv_bytes, "gdn_prefill_backend": backend, "num_gpu_blocks": getattr(cc, "num_gpu_blocks", None),
            "max_model_len": vcfg.model_config.max_model_len,
            "mamba_block_size": cc.mamba_block_size, "mamba_cache_mode": cc.mamba_cache_mode,
            "cudagraph_mode": str(vcfg.compilation_config.cudagraph_mode), "scenarios": {}}

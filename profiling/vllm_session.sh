@@ -25,6 +25,10 @@ OUT=${OUT:-/tmp/out}
 D=$OUT/vllm_$target
 mkdir -p "$D"
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
+# FlashInfer (../shared/tools/flashinfer_stage.sh's parts unpacked into /tmp/fisite): vLLM's own
+# mode then runs its default GDN prefill on Hopper (FlashInfer); its CuTe-DSL package is found
+# through a .pth file, which PYTHONPATH does not read
+[ -d /tmp/fisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages
 # a previous target's engine processes can outlive their parent (vllm_e2e.py skips vLLM's teardown)
 # and hold the GPUs' memory (seen: TP 2 workers, then "Free memory on device ... less than desired")
 # (PARALLEL=1: a sub-target of "many", which did this and the install once for all of them)

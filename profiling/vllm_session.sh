@@ -173,6 +173,8 @@ esac
 for f in "$D"/*.log; do
   echo "== $(basename "$f"): $(grep -m2 -E 'GDN layers run on|Traceback|Error:' "$f" | cut -c1-160 | tr '\n' '|')"
   grep -E "Capturing CUDA graphs|cudagraph_mode|CUDAGraphMode" "$f" | head -3 | cut -c1-200
+  grep -E "GPU KV cache size|Maximum concurrency|Setting attention block size" "$f" | head -3 | cut -c1-200
+  tail -3 "$f" | tr '\r' '\n' | tail -3 | cut -c1-240  # where an engine that timed out stood
 done
 python3 profiling/vllm_report.py "$D" --json "$D/summary.json" --check
 tar czf "$OUT/vllm_$target.tgz" -C "$OUT" "vllm_$target"

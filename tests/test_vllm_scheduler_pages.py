@@ -7,18 +7,18 @@ later requests reuse the shared system prompt."""
 import numpy as np
 import pytest
 
-from test_vllm_plugin import _engine_config, _final_block_size, vllm_cpu  # noqa: F401
+from test_vllm_plugin import _engine_config, _final_block_size, vllm_cpu, vllm_dist  # noqa: F401
 from test_vllm_state_pages import B, check_pool, gdn_managers, request, specs
 
 
-def scheduler(path, num_blocks, async_scheduling):
+def scheduler(path, num_blocks, async_scheduling, max_model_len=8192, max_num_batched_tokens=1024):
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     cfg = _engine_config(path, enable_prefix_caching=True, block_size=16, max_num_seqs=8,
-                         max_num_batched_tokens=1024, max_model_len=8192,
+                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                          async_scheduling=async_scheduling)
     _final_block_size(cfg)
     assert cfg.cache_config.block_size == B
@@ -213,3 +213,50 @@ def test_prefill_chunks_end_on_multiples_of_64(vllm_cpu, async_scheduling):
     prefill_ends = [e for e in ends if e < 5000]
     assert len(prefill_ends) >= 4 and all(e % 64 == 0 for e in prefill_ends), ends
     assert 5000 in ends and all(len(r.output_token_ids) == r.max_tokens for r in short + [long])
+
+
+def _serve_one(path, num_blocks, max_model_len, prompt_len, steps=60):
+    """vLLM's Scheduler on a pool of num_blocks pages: the steps one prompt of prompt_len tokens
+    took to finish (chunks of 2,048), or None if it was still waiting after ``steps``."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    sched = scheduler(path, num_blocks, False, max_model_len=max_model_len,
+                      max_num_batched_tokens=2048)
+    rng = np.random.default_rng(5)
+    r = request("edge", rng.integers(10, 4000, prompt_len).tolist(), max_tokens=2)
+    sched.add_request(r)
+    in_flight = []
+    for n in range(steps):
+        step_outputs(sched, sched.schedule(), in_flight, False, rng)
+        if r.is_finished():
+            return n + 1
+    return None
+
+
+@pytest.mark.vllm
+def test_the_start_up_check_admits_a_request_of_max_model_len(vllm_cpu, vllm_dist):
+    """At the largest max_model_len vLLM's start-up check accepts with the plugin, a prompt of
+    max_model_len - 1 tokens is admitted (vLLM's full-sequence gate) into an empty pool of the
+    pages that memory holds, and finishes. The check counts the pool's null block where a group
+    is ours; without it, it accepts one block more, and that prompt waits forever."""
+    from vllm.v1.core import kv_cache_utils
+
+    from test_vllm_capacity import _largest_fit, gdn_spec, kv_config
+
+    cfg, spec = gdn_spec(vllm_cpu, {}, max_model_len=8192)
+    memory = 40 * spec.page_size_bytes + 1000          # 40 pages of 192 tokens (float32)
+    edge = _largest_fit(cfg, spec, memory, hi=8192)
+    cfg.model_config.max_model_len = edge
+    blocks = kv_config(cfg, spec, memory).num_blocks
+    assert blocks == 40 and edge == (40 - 1 - 3) * B   # null block, a page per GDN group
+    assert _serve_one(vllm_cpu, blocks, edge, edge - 1) is not None
+    counted = kv_cache_utils._max_memory_usage_bytes_from_groups
+    kv_cache_utils._max_memory_usage_bytes_from_groups = counted.__wrapped__
+    try:
+        loose = _largest_fit(cfg, spec, memory, hi=8192)
+    finally:
+        kv_cache_utils._max_memory_usage_bytes_from_groups = counted
+    assert loose == edge + B
+    assert _serve_one(vllm_cpu, blocks, loose, loose - 1) is None

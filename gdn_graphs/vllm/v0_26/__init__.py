@@ -25,6 +25,10 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   ``_ensure_registered()`` (the registry fills itself with vLLM's specs only while empty). Only
   our layer makes that spec, in mode "all" with our kernels on; every other spec keeps vLLM's
   manager.
+* ``kv_cache_utils._max_memory_usage_bytes_from_groups`` (vLLM's one-request count for its
+  start-up check and max_model_len auto-fit) is wrapped: where a group's spec is ours, it also
+  counts the pool's null block, so that a request of max_model_len passes vLLM's full-sequence
+  admission gate in a pool the check accepted (``state_pages._count_the_null_block``).
 * ``Scheduler.__init__`` (``AsyncScheduler``'s too) is wrapped: an engine with the plugin on in
   mode "all" sets ``need_mamba_block_aligned_split`` (vLLM sets it in "align" only) and an
   instance ``_mamba_block_aligned_split`` that clips prefill chunk ends to multiples of 64;

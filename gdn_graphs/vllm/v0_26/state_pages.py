@@ -28,6 +28,7 @@ up to a step's tokens, a page per group each). ``GDNStateSpec`` counts one page 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from vllm.utils.math_utils import cdiv
+from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
@@ -439,11 +441,35 @@ class GDNStateManager(MambaManager):
             stats.report()
 
 
+def _count_the_null_block(fn):
+    """vLLM's start-up check and its max_model_len auto-fit ask whether one request of
+    max_model_len fits the pool (``_max_memory_usage_bytes_from_groups``), but the pool's first
+    page is the null block, which is never handed out. vLLM's own GDN specs count two pages per
+    group ("align") where a request is admitted with one, which leaves room for it; ours counts
+    exactly what a request takes, one per group, so without this page a request within a page of
+    max_model_len would wait forever at vLLM's full-sequence admission gate (a pool sized at the
+    edge: seen on the CPU with vLLM's scheduler). Added once per pool, only where a group is ours."""
+    @functools.wraps(fn)
+    def wrapped(vllm_config, kv_cache_groups):
+        need = fn(vllm_config, kv_cache_groups)
+        if need and any(isinstance(g.kv_cache_spec, GDNStateSpec) for g in kv_cache_groups):
+            group_size = max(len(g.layer_names) for g in kv_cache_groups)
+            need += group_size * max(g.kv_cache_spec.page_size_bytes for g in kv_cache_groups)
+        return need
+
+    wrapped._gdn_graphs = True
+    return wrapped
+
+
 def register() -> None:
     """Registers GDNStateSpec -> GDNStateManager with vLLM's KV-cache spec registry (vLLM's
-    built-in specs first: the registry fills itself only while it is empty)."""
+    built-in specs first: the registry fills itself only while it is empty), and makes vLLM's
+    one-request memory count include the null block where our spec is used (idempotent)."""
     KVCacheSpecRegistry._ensure_registered()
     KVCacheSpecRegistry.register(GDNStateSpec, GDNStateManager, uniform_type_base_spec=MambaSpec)
+    fn = kv_cache_utils._max_memory_usage_bytes_from_groups
+    if not getattr(fn, "_gdn_graphs", False):
+        kv_cache_utils._max_memory_usage_bytes_from_groups = _count_the_null_block(fn)
 
 
 register()

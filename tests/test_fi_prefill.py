@@ -442,3 +442,61 @@ def test_fi_kernels_compile_for_sm90():
     res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# routing inside run_gdn_core
+# ---------------------------------------------------------------------------------------------
+
+def test_core_routes_aligned_prefills_to_fi(monkeypatch):
+    """run_gdn_core runs a step's prefill on gdn_fi_prefill when the chunk workspace carries a
+    FiWorkspace and every prefill start is a multiple of 64 (a capture template, a mid-chunk
+    start, a bf16 pool or a step too big for the FiWorkspace: our kernel), and both paths give
+    the same outputs and slots (bf16 tolerance) on the same steps."""
+    from gdn_graphs.ops.chunk import ChunkWorkspace
+    from gdn_graphs.runtime import core
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+
+    HK, HV, K, V, W, B = 1, 2, 32, 32, 4, 128
+    C = 2 * HK * K + HV * V
+    calls = []
+    real = core.gdn_fi_prefill
+    monkeypatch.setattr(core, "gdn_fi_prefill", lambda *a, **kw: calls.append(kw["every"]) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(0)
+    w = GDNWeights((0.5 * torch.randn(C, W, generator=gen)).to(BF), None, torch.rand(HV, generator=gen),
+                   torch.randn(HV, generator=gen))
+    x = torch.randn(420, C, generator=gen).to(BF)
+    a, b = torch.randn(420, HV, generator=gen).to(BF), torch.randn(420, HV, generator=gen).to(BF)
+    table = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+
+    def run(fi, rows, pool_dtype=torch.float32, max_seqs=3):
+        planner = GDNPlanner(PlanLimits(max_seqs=3, max_tokens=420, block_size=B, num_slots=24,
+                                        max_blocks_per_seq=8))
+        ws = ChunkWorkspace(420, HV, K, V, BF, "cpu", HK=HK)
+        if fi:
+            ws.fi = FiWorkspace(420, max_seqs, HK, HV, K, V, BF, "cpu", max_checkpoints=420 // 64,
+                                fn=fi_standin.chunk_gated_delta_rule)
+        g2 = torch.Generator().manual_seed(1)
+        pools = GDNPools(torch.randn(24, C, W - 1, generator=g2).to(BF),
+                         (0.3 * torch.randn(24, HV, V, K, generator=g2)).to(pool_dtype))
+        n, q = zip(*rows)
+        step = planner.plan(list(n), list(q), table[:len(rows)])
+        T = sum(q) + 5
+        out = torch.empty(T, HV, V, dtype=BF)
+        run_gdn_core(x[:T], a[:T], b[:T], w, pools, step, out, ws)
+        return out, pools.ssm
+
+    for rows, want in [([(0, 300), (256, 100)], [128]),      # block-aligned: every = B
+                       ([(5, 1), (192, 200)], [64]),          # a decode row, a start at 192: every 64
+                       ([(37, 100)], []),                     # mid-chunk start: ours
+                       ([(0, 100), (0, 50), (128, 10)], [])]:  # 3 prefill rows > max_seqs=2: ours
+        calls.clear()
+        o_fi, s_fi = run(True, rows, max_seqs=2)
+        assert calls == want, (rows, calls)
+        o, s = run(False, rows)
+        assert rel(o_fi, o) < TOL and rel(s_fi, s) < TOL, rows
+        assert torch.equal(o_fi[-5:], torch.zeros_like(o_fi[-5:]))
+    calls.clear()
+    run(True, [(0, 300)], pool_dtype=BF)
+    assert calls == [], "a bf16 pool runs our kernel"

@@ -207,7 +207,9 @@ def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: 
     ws.ckcu[:num_seqs + 1], out's padding rows."""
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    BS = triton.next_power_of_2(num_seqs + 1)
+    # (the workspace's sequence capacity, not num_seqs: a constexpr that changed with the batch
+    # would compile a new kernel after the warm-up)
+    BS = triton.next_power_of_2(ws.max_seqs + 1)
     _fi_prep_kernel[(triton.cdiv(T, block_t), HK)](
         q, k, v, a, b, A_log, dt_bias, out,
         ws.q, ws.k, ws.v, ws.alpha, ws.beta, meta.cu_seqlens, ws.cu64, ws.ckcu, error_flag,
@@ -234,4 +236,4 @@ def fi_scatter(ssm, ws, meta, num_seqs: int, n_ck: int, every: int, error_flag=N
         ssm, ws.ckpt, ws.h0, ws.cu64, ws.ckcu, meta.start_pos, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, error_flag, n_ck, num_seqs, meta.ckpt_slots.shape[0], ssm.shape[0],
         ssm.stride(0), every, meta.block_size,
-        N_ELEM=n_elem, TILE=STATE_TILE, BS=triton.next_power_of_2(num_seqs + 1), num_warps=4)
+        N_ELEM=n_elem, TILE=STATE_TILE, BS=triton.next_power_of_2(ws.max_seqs + 1), num_warps=4)

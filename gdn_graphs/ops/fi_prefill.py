@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 
@@ -51,7 +52,11 @@ from gdn_graphs.ops.common import check_flag, fail, interpreting
 from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
 from gdn_graphs.ops.meta import ChunkMeta
 
-__all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi"]
+__all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi", "fi_route",
+           "make_fi_workspace", "FI_ENV"]
+
+# "0" turns the FlashInfer prefill path off (our kernel everywhere), e.g. for a side-by-side run
+FI_ENV = "GDN_GRAPHS_FI_PREFILL"
 
 _fail = functools.partial(fail, "gdn_fi_prefill")
 
@@ -68,7 +73,8 @@ class FiWorkspace:
     (sequence, head) state before it stores it); ckpt [max_checkpoints, HV, V, K] fp32.
     """
 
-    def __init__(self, max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=None):
+    def __init__(self, max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=None,
+                 fn=None):
         if dtype not in (torch.bfloat16, torch.float16):
             fail("FiWorkspace", f"FlashInfer takes bf16/fp16 inputs, got {dtype}")
         if min(max_tokens, max_seqs, HK, HV, K, V) < 1 or HV % HK:
@@ -78,6 +84,7 @@ class FiWorkspace:
         self.HK, self.HV, self.K, self.V, self.dtype = int(HK), int(HV), int(K), int(V), dtype
         self.max_checkpoints = max(1, int(max_tokens // 256 if max_checkpoints is None else max_checkpoints))
         self.device = torch.device(device)
+        self.fn = fn  # the chunk_gated_delta_rule to call (None: FlashInfer's; tests: a stand-in)
         n, f32 = self.max_tokens, dict(dtype=torch.float32, device=device)
         self.q = torch.empty(n, HK, K, dtype=dtype, device=device)
         self.k = torch.empty(n, HK, K, dtype=dtype, device=device)
@@ -175,7 +182,8 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
             FlashInfer's grid is num_seqs x HV; rows past it must be empty (else ERR_META).
         every: FlashInfer's checkpoint interval (default meta.block_size): a multiple of 64 that
             divides block_size and every start position (fi_every computes it on the host).
-        fi_fn: the chunk_gated_delta_rule to call (default FlashInfer's; tests inject a stand-in).
+        fi_fn: the chunk_gated_delta_rule to call (default workspace.fn, else FlashInfer's;
+            tests inject a stand-in).
     Returns ``out``. No host sync, no allocation; FlashInfer compiles its kernel on first use
     (one configuration for every call here: initial state and checkpoints always on).
     """
@@ -188,6 +196,7 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
     if out is None:
         _fail("out is required (FlashInfer writes it in place)")
     _check_fi(q, v, ssm, meta, out, workspace, ns, every, n_ck)
+    fi_fn = fi_fn or workspace.fn
     if fi_fn is None:
         fi_fn, why = load_fi()
         if fi_fn is None:
@@ -207,3 +216,37 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
           checkpoint_every_n_tokens=every, use_cp=False)
     fi_scatter(ssm, ws, meta, ns, n_ck, every, error_flag)
     return out
+
+
+def make_fi_workspace(max_tokens, max_seqs, HK, HV, K, V, dtype, state_dtype, device,
+                      max_checkpoints=None):
+    """(FiWorkspace, None) where the FlashInfer path can run for these shapes and dtypes on this
+    device, else (None, why not). ``max_seqs``: prefill rows per step it takes (steps with more
+    run on our kernel); ``max_checkpoints`` default max_tokens // 64 (every step fits whatever
+    interval its starts need)."""
+    if os.environ.get(FI_ENV, "1") == "0":
+        return None, f"{FI_ENV}=0"
+    q = torch.empty(0, HK, K, dtype=dtype, device=device)
+    why = fi_unsupported(q, torch.empty(0, HV, V, dtype=dtype, device=device),
+                         torch.empty(0, HV, V, K, dtype=state_dtype, device=device))
+    if why is not None:
+        return None, why
+    n_ck = max_tokens // CHUNK if max_checkpoints is None else max_checkpoints
+    return FiWorkspace(max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=n_ck), None
+
+
+def fi_route(workspace, step, T: int, ssm, out):
+    """(every, num_seqs) when ``step``'s prefill (T tokens, into ``out``) runs on FlashInfer's
+    kernel, else None (our kernel runs). It does when the chunk workspace carries a FiWorkspace
+    (``workspace.fi``, made by make_fi_workspace), the step has its host plan (a capture-time
+    template has none), every prefill start is a multiple of 64 (fi_every), the step fits the
+    FiWorkspace, and the pool is fp32. Host values only: no sync."""
+    fw = getattr(workspace, "fi", None)
+    host = getattr(step, "host", None)
+    if fw is None or host is None or ssm.dtype != torch.float32 or not out.is_contiguous():
+        return None
+    every = fi_every(step.prefill.block_size, host.prefill_starts)
+    ns = host.num_prefills
+    if every is None or T > fw.max_tokens or ns > fw.max_seqs or T // every > fw.max_checkpoints:
+        return None
+    return every, ns

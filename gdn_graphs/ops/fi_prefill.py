@@ -243,7 +243,8 @@ def fi_route(workspace, step, T: int, ssm, out):
     FiWorkspace, and the pool is fp32. Host values only: no sync."""
     fw = getattr(workspace, "fi", None)
     host = getattr(step, "host", None)
-    if fw is None or host is None or ssm.dtype != torch.float32 or not out.is_contiguous():
+    if (fw is None or host is None or ssm.dtype != torch.float32 or not out.is_contiguous()
+            or out.dtype != fw.dtype):
         return None
     every = fi_every(step.prefill.block_size, host.prefill_starts)
     ns = host.num_prefills

@@ -70,9 +70,10 @@ class GDNResources:
             if state_dtype is not None:
                 ws.fi, why = make_fi_workspace(self.max_tokens, min(self.max_reqs, FI_MAX_SEQS), HK,
                                                HV, K, V, dtype, state_dtype, device)
-                _log.info("gdn_graphs: GDN prefill on %s", "FlashInfer's kernel (steps whose "
-                          "starts are 64-aligned; ours otherwise)" if ws.fi is not None else
-                          f"our Triton kernel ({why})")
+                _log.info("gdn_graphs: GDN prefill on %s", (
+                    f"FlashInfer's kernel (steps whose starts are 64-aligned; ours otherwise; "
+                    f"workspace {ws.fi.nbytes() / 2**20:.0f} MiB)") if ws.fi is not None else
+                    f"our Triton kernel ({why})")
         return ws
 
 

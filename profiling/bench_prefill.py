@@ -31,7 +31,9 @@ own slot). It reports
     prefill on FlashInfer's kernel, gdn_graphs.ops.fi_prefill.gdn_fi_prefill, with everything
     included in the time (fused Triton prep of q, k, v, alpha, beta from the raw views, gather of
     the initial states from the read slots, FlashInfer with checkpoints every B, Triton scatter
-    into the pool slots ours writes), with its differences to ours; every FlashInfer column also
+    into the pool slots ours writes), with its differences to ours; "via B=256 e64": the same
+    with FlashInfer storing a state every 64 tokens (what a step pays when one of its rows starts
+    inside a block: the scatter keeps the boundaries); every FlashInfer column also
     gets its speed relative to FlashInfer without checkpoints ("vs FI off" line). Its kernels
     compile on first use of a configuration (8-17 s each, MLIR -> PTX): that first call is timed
     apart ("first call s") and kept out of the medians;
@@ -71,6 +73,7 @@ OFF_BLOCK = 1 << 29
 SWEEP = [dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (2, 3)]
 MiB = 1 << 20
+CHUNK_TOKENS = 64  # gdn_graphs.constants.CHUNK (not imported here: see OFF_BLOCK)
 DEVICE = "cuda"  # --cpu-dry-run switches to the CPU (Triton interpreter) and tiny shapes
 
 
@@ -631,20 +634,23 @@ def bench_via_fi(torch, triton, fi, case, quick, res):
     T = case.T
     try:
         ws = FiWorkspace(T, case.nseq, case.HK, case.HV, K, V, torch.bfloat16, DEVICE,
-                         max_checkpoints=T // min(B for _, B in MODES[1:]))
+                         max_checkpoints=T // CHUNK_TOKENS)
     except Exception as e:  # noqa: BLE001 - e.g. out of memory
         res["via B=256"] = dict(error=err_text(e))
         return
     out = torch.empty(T, case.HV, V, device=DEVICE, dtype=torch.bfloat16)
     pool = torch.zeros_like(case.pool)
     res["via_workspace_MiB"] = ws.nbytes() / MiB
-    for name, _ in MODES[1:]:
+    # every = B (all starts block-aligned), and for the first mode also every = 64: what a step
+    # pays when one of its prefill rows starts mid-block (FlashInfer stores a state every 64
+    # tokens, the scatter keeps the block boundaries)
+    for name, every in [(m, None) for m, _ in MODES[1:]] + [(MODES[1][0], CHUNK_TOKENS)]:
         meta = case.metas[name]
 
-        def call(meta=meta):
-            return gdn_fi_prefill(*case.args()[:7], pool, meta, out, ws, fi_fn=fi["prefill"])
+        def call(meta=meta, every=every):
+            return gdn_fi_prefill(*case.args()[:7], pool, meta, out, ws, fi_fn=fi["prefill"], every=every)
 
-        key = f"via {name}"
+        key = f"via {name}" + ("" if every is None else f" e{every}")
         try:
             t_first, _ = first_call_s(torch, call)
             ms = bench_ms(triton, call, quick)
@@ -824,6 +830,7 @@ def ratios_vs_fi_off(ours, fi):
     cols = [(f"ours {m}", ours.get(m)) for m, _ in MODES[1:]]
     cols += [(f"FI ckpt {m}", fi.get(f"ckpt {m}")) for m, _ in MODES[1:]]
     cols += [(f"via FI {m}", fi.get(f"via {m}")) for m, _ in MODES[1:]]
+    cols += [(f"via FI {MODES[1][0]} every 64", fi.get(f"via {MODES[1][0]} e{CHUNK_TOKENS}"))]
     return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
 
 
@@ -878,9 +885,10 @@ def print_table(results, sweep_only=False):
             for key in keys:
                 if key in fi:
                     print(format_row(shape, f"FI {key}", fi[key], ours_ms(key)))
-            for m, _ in MODES[1:]:
-                if f"via {m}" in fi:
-                    print(format_row(shape, f"ours via FI {m}", fi[f"via {m}"], ours_ms(m)))
+            for key in [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]:
+                if key in fi:
+                    print(format_row(shape, f"ours {key.replace('via', 'via FI')}", fi[key],
+                                     ours_ms(key.split()[1])))
             print(f"{shape:>12} {'FI prep':>16} {prep} (l2norm q, k; exp(g), sigmoid(b) in fp32; "
                   f"not in the FI rows; in the 'ours via FI' rows, fused)")
             print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi))

@@ -97,6 +97,9 @@ def test_prefill_dry_run_with_flashinfer_stand_in(tmp_path, capsys):
         assert fi["pool B=1024"]["slots_written"] == 2
     assert "FI pool B=256" in text and "FI prep" in text
     assert "ours via FI B=256" in text and "vs FI off" in text and "via FI B=1024" in text
+    for e in res["shapes"].values():  # every 64 (= B in the dry run): the same slots
+        v = e["fi"]["via B=256 e64"]
+        assert "check_error" not in v and v["rel_diff_pool"] < 1e-2, v
     assert (tmp_path / "bench_prefill.json").exists()
 
 

@@ -500,3 +500,82 @@ def test_core_routes_aligned_prefills_to_fi(monkeypatch):
     calls.clear()
     run(True, [(0, 300)], pool_dtype=BF)
     assert calls == [], "a bf16 pool runs our kernel"
+
+
+def _core_steps(device, dims, make_fi, L, B, cuts, monkeypatch):
+    """One prompt of L tokens through run_gdn_core (GDNPlanner, conv + GDN), once in one step and
+    once in two steps cut at each of ``cuts`` (a decode row of another request beside the second
+    step), with ``make_fi()`` as the chunk workspace's FiWorkspace. Every prefill must run on
+    gdn_fi_prefill; the second step's outputs and the final pools equal the one-step run's bit
+    for bit; the one-step outputs match our kernel's (bf16 tolerance)."""
+    from gdn_graphs.ops.chunk import ChunkWorkspace
+    from gdn_graphs.runtime import core
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+
+    HK, HV, K, V = dims
+    W, C, nb = 4, 2 * HK * K + HV * V, L // B + 1
+    calls = []
+    real = core.gdn_fi_prefill
+    monkeypatch.setattr(core, "gdn_fi_prefill", lambda *a, **kw: calls.append(kw["every"]) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(7)
+    w = GDNWeights((0.5 * torch.randn(C, W, generator=gen)).to(BF).to(device), None,
+                   torch.rand(HV, generator=gen).to(device), torch.randn(HV, generator=gen).to(device))
+    x = torch.randn(L + 1, C, generator=gen).to(BF).to(device)
+    a = torch.randn(L + 1, HV, generator=gen).to(BF).to(device)
+    b = torch.randn(L + 1, HV, generator=gen).to(BF).to(device)
+    tables = [list(range(nb)), list(range(nb, 2 * nb))]  # prompt, decode request
+
+    def run(rows, fi=True, pools=None):
+        planner = GDNPlanner(PlanLimits(max_seqs=2, max_tokens=L + 1, block_size=B, num_slots=2 * nb,
+                                        max_blocks_per_seq=nb), device)
+        ws = ChunkWorkspace(L + 1, HV, K, V, BF, device, HK=HK)
+        ws.fi = make_fi() if fi else None
+        pools = pools or GDNPools(torch.zeros(2 * nb, C, W - 1, dtype=BF, device=device),
+                                  torch.zeros(2 * nb, HV, V, K, device=device))
+        n, q, t = zip(*rows)
+        step = planner.plan(list(n), list(q), [tables[i] for i in t])
+        T = sum(q)
+        out = torch.empty(T, HV, V, dtype=BF, device=device)
+        run_gdn_core(_rows(x, rows), _rows(a, rows), _rows(b, rows), w, pools, step, out, ws)
+        return out, pools
+
+    def _rows(t, rows):  # the batch: decode rows take token L of t, the prompt rows its [n, n+q)
+        return torch.cat([t[L:L + 1] if ti == 1 else t[n:n + q] for n, q, ti in rows])
+
+    one, p1 = run([(0, L, 0)])
+    assert calls == [B] and torch.isfinite(one.float()).all()
+    ours, _ = run([(0, L, 0)], fi=False)
+    assert rel(one, ours) < TOL
+    for c in cuts:
+        calls.clear()
+        _, p2 = run([(0, c, 0)])
+        two, p2 = run([(5, 1, 1), (c, L - c, 0)], pools=p2)
+        assert len(calls) == 2, calls
+        assert_bits_equal(two[1:], one[c:], f"cut {c}: outputs")
+        for s in range(nb):
+            assert_bits_equal(p2.ssm[s], p1.ssm[s], f"cut {c}: state slot {s}")
+            assert_bits_equal(p2.conv[s], p1.conv[s], f"cut {c}: conv slot {s}")
+
+
+def test_core_steps_equal_one_step_standin(monkeypatch):
+    dims = DIMS
+    _core_steps("cpu", dims, lambda: FiWorkspace(513, 2, *dims, BF, "cpu", max_checkpoints=8,
+                                                 fn=fi_standin.chunk_gated_delta_rule),
+                512, 128, [256, 192], monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_fi_core_steps_equal_one_step(fi_gpu, monkeypatch):
+    """Real FlashInfer inside run_gdn_core (make_fi_workspace, as the vLLM builder makes it): a
+    2048-token prompt in one step vs two steps cut at the block boundary 1024 and at 960 (inside
+    a block: every 64), bit for bit, conv and GDN pools included."""
+    from gdn_graphs.ops.fi_prefill import make_fi_workspace
+    dims = (4, 8, 128, 128)
+
+    def make():
+        ws, why = make_fi_workspace(2049, 2, *dims, BF, torch.float32, "cuda")
+        assert ws is not None, why
+        return ws
+
+    _core_steps("cuda", dims, make, 2048, 256, [1024, 960], monkeypatch)

@@ -240,11 +240,15 @@ def fi_route(workspace, step, T: int, ssm, out):
     kernel, else None (our kernel runs). It does when the chunk workspace carries a FiWorkspace
     (``workspace.fi``, made by make_fi_workspace), the step has its host plan (a capture-time
     template has none), every prefill start is a multiple of 64 (fi_every), the step fits the
-    FiWorkspace, and the pool is fp32. Host values only: no sync."""
+    FiWorkspace, and the pool is fp32. Never while a CUDA graph is being captured: a replay would
+    keep this step's num_seqs and interval for other batches (our kernel's launches depend only
+    on the buffers). Host values only: no sync."""
     fw = getattr(workspace, "fi", None)
     host = getattr(step, "host", None)
     if (fw is None or host is None or ssm.dtype != torch.float32 or not out.is_contiguous()
             or out.dtype != fw.dtype):
+        return None
+    if out.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
     every = fi_every(step.prefill.block_size, host.prefill_starts)
     ns = host.num_prefills

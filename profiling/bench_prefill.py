@@ -27,9 +27,16 @@ own slot). It reports
     where auto picks CP), its own checkpoints every B = 256 / 1024 tokens into a side tensor, and
     "pool": the same plus our scatter of its checkpoints (and final states) into the pool slots
     ours writes, timed together (the scatter alone too). Relative differences of its outputs,
-    final states and pool states to ours. Its kernels compile on first use of a configuration
-    (8-17 s each, MLIR -> PTX): that first call is timed apart ("first call s") and kept out of
-    the medians;
+    final states and pool states to ours. "ours via FI" (columns "via B=256 / 1024"): our
+    prefill on FlashInfer's kernel, gdn_graphs.ops.fi_prefill.gdn_fi_prefill, with everything
+    included in the time (fused Triton prep of q, k, v, alpha, beta from the raw views, gather of
+    the initial states from the read slots, FlashInfer with checkpoints every B, Triton scatter
+    into the pool slots ours writes), with its differences to ours; "via B=256 e64": the same
+    with FlashInfer storing a state every 64 tokens (what a step pays when one of its rows starts
+    inside a block: the scatter keeps the boundaries); every FlashInfer column also
+    gets its speed relative to FlashInfer without checkpoints ("vs FI off" line). Its kernels
+    compile on first use of a configuration (8-17 s each, MLIR -> PTX): that first call is timed
+    apart ("first call s") and kept out of the medians;
   * a sweep of the launch knobs (ChunkConfig: bv, warps_seq, stages; warps_intra on the parallel
     kernel alone) on 1x8192 with B = 256 (TP-1 heads), the best three re-timed on the other shapes.
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
@@ -66,6 +73,7 @@ OFF_BLOCK = 1 << 29
 SWEEP = [dict(bv=bv, warps_seq=w, stages=s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 SWEEP_QUICK = [dict(bv=bv, warps_seq=4, stages=s) for bv in (32, 64) for s in (2, 3)]
 MiB = 1 << 20
+CHUNK_TOKENS = 64  # gdn_graphs.constants.CHUNK (not imported here: see OFF_BLOCK)
 DEVICE = "cuda"  # --cpu-dry-run switches to the CPU (Triton interpreter) and tiny shapes
 
 
@@ -607,8 +615,62 @@ def bench_fi(torch, triton, fi, case, quick, ref):
                 r["rel_diff_out"] = rel(x.out, case.out)
             except Exception as e:  # noqa: BLE001
                 r["check_error"] = err_text(e)
-    del pool, x
+    del pool
+    bench_via_fi(torch, triton, fi, case, quick, res)
+    off = res.get("off", {}).get("ms")
+    for key, r in res.items():  # every FlashInfer column against FlashInfer without checkpoints
+        if off and isinstance(r, dict) and "ms" in r:
+            r["vs_fi_off"] = off / r["ms"]
+    del x
     return res
+
+
+def bench_via_fi(torch, triton, fi, case, quick, res):
+    """Columns "via B=...": ours on FlashInfer's kernel (gdn_graphs.ops.fi_prefill.gdn_fi_prefill:
+    fused prep + slot gather + FlashInfer with checkpoints + scatter into the pool slots that ours
+    writes), everything timed, persistent out and workspace; its outputs and slots vs ours."""
+    from gdn_graphs.ops.chunk import gdn_chunk_prefill
+    from gdn_graphs.ops.fi_prefill import FiWorkspace, gdn_fi_prefill
+    T = case.T
+    try:
+        ws = FiWorkspace(T, case.nseq, case.HK, case.HV, K, V, torch.bfloat16, DEVICE,
+                         max_checkpoints=T // CHUNK_TOKENS)
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory
+        res["via B=256"] = dict(error=err_text(e))
+        return
+    out = torch.empty(T, case.HV, V, device=DEVICE, dtype=torch.bfloat16)
+    pool = torch.zeros_like(case.pool)
+    res["via_workspace_MiB"] = ws.nbytes() / MiB
+    # every = B (all starts block-aligned), and for the first mode also every = 64: what a step
+    # pays when one of its prefill rows starts mid-block (FlashInfer stores a state every 64
+    # tokens, the scatter keeps the block boundaries)
+    for name, every in [(m, None) for m, _ in MODES[1:]] + [(MODES[1][0], CHUNK_TOKENS)]:
+        meta = case.metas[name]
+
+        def call(meta=meta, every=every):
+            return gdn_fi_prefill(*case.args()[:7], pool, meta, out, ws, fi_fn=fi["prefill"], every=every)
+
+        key = f"via {name}" + ("" if every is None else f" e{every}")
+        try:
+            t_first, _ = first_call_s(torch, call)
+            ms = bench_ms(triton, call, quick)
+            res[key] = r = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first)
+        except Exception as e:  # noqa: BLE001
+            res[key] = dict(error=err_text(e))
+            continue
+        try:
+            pool.zero_()
+            call()
+            gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws)
+            writes, ckpts = case.slots[name]
+            idx = torch.tensor(writes + [s for row in ckpts for s in row], device=DEVICE, dtype=torch.long)
+            r["slots_written"] = int(idx.numel())
+            r["rel_diff_out"] = rel(out, case.out)
+            r.update({k.replace("state", "pool"): d for k, d in
+                      state_diffs(pool.index_select(0, idx), case.pool.index_select(0, idx)).items()})
+        except Exception as e:  # noqa: BLE001
+            r["check_error"] = err_text(e)
+    del ws, out, pool
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,7 +756,9 @@ def plot_series(results):
              ("vLLM Triton (no ckpt)", lambda e: _get(e, "vllm")),
              ("FlashInfer, no ckpt (auto)", lambda e: _get(e, "fi", "off")),
              (f"FlashInfer, own ckpt {MODES[1][0]}", lambda e: _get(e, "fi", f"ckpt {MODES[1][0]}")),
-             (f"FlashInfer + scatter to slots, {MODES[1][0]}", lambda e: _get(e, "fi", f"pool {MODES[1][0]}"))]
+             (f"FlashInfer + scatter to slots, {MODES[1][0]}", lambda e: _get(e, "fi", f"pool {MODES[1][0]}")),
+             (f"ours via FlashInfer, {MODES[1][0]}", lambda e: _get(e, "fi", f"via {MODES[1][0]}")),
+             (f"ours via FlashInfer, {MODES[2][0]}", lambda e: _get(e, "fi", f"via {MODES[2][0]}"))]
     return series + [s for s in extra if any(s[1](e) for e in entries)]
 
 
@@ -758,6 +822,18 @@ def format_row(shape, label, r, ours_ms=None):
     return f"{shape:>12} {label:>16} {r['ms']:8.3f} {r['Mtok_s']:8.2f} {vs}  " + "; ".join(notes)
 
 
+def ratios_vs_fi_off(ours, fi):
+    """Speed of each column relative to FlashInfer without checkpoints (> 1: faster than it)."""
+    off = fi.get("off", {}).get("ms")
+    if not off:
+        return "n/a (FI off failed)"
+    cols = [(f"ours {m}", ours.get(m)) for m, _ in MODES[1:]]
+    cols += [(f"FI ckpt {m}", fi.get(f"ckpt {m}")) for m, _ in MODES[1:]]
+    cols += [(f"via FI {m}", fi.get(f"via {m}")) for m, _ in MODES[1:]]
+    cols += [(f"via FI {MODES[1][0]} every 64", fi.get(f"via {MODES[1][0]} e{CHUNK_TOKENS}"))]
+    return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
+
+
 def print_table(results, sweep_only=False):
     if sweep_only:
         return _print_sweep(results)
@@ -809,8 +885,13 @@ def print_table(results, sweep_only=False):
             for key in keys:
                 if key in fi:
                     print(format_row(shape, f"FI {key}", fi[key], ours_ms(key)))
+            for key in [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]:
+                if key in fi:
+                    print(format_row(shape, f"ours {key.replace('via', 'via FI')}", fi[key],
+                                     ours_ms(key.split()[1])))
             print(f"{shape:>12} {'FI prep':>16} {prep} (l2norm q, k; exp(g), sigmoid(b) in fp32; "
-                  f"not in the FI rows)")
+                  f"not in the FI rows; in the 'ours via FI' rows, fused)")
+            print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi))
     for col in ("fla", "vllm", "fi"):
         if results.get(f"{col}_error"):
             print(f"{col}: not compared: {results[f'{col}_error']}")

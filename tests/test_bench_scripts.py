@@ -88,10 +88,18 @@ def test_prefill_dry_run_with_flashinfer_stand_in(tmp_path, capsys):
             p = fi[f"pool {mode}"]
             assert "check_error" not in p, p
             assert p["rel_diff_pool"] < 1e-2 and p["rel_diff_out"] < 2e-2, (mode, p)
+            via = fi[f"via {mode}"]  # ours on the stand-in: prep, gather, scatter included
+            assert "check_error" not in via and "error" not in via, via
+            assert via["rel_diff_pool"] < 1e-2 and via["rel_diff_out"] < 2e-2, (mode, via)
+            assert via["slots_written"] == p["slots_written"] and via["vs_fi_off"] > 0
         # 2 sequences of 128: B = 64 stores 1 checkpoint each inside the span, FlashInfer 2
         assert fi["ckpt B=256"]["checkpoints"] == 4 and fi["pool B=256"]["slots_written"] == 4
         assert fi["pool B=1024"]["slots_written"] == 2
     assert "FI pool B=256" in text and "FI prep" in text
+    assert "ours via FI B=256" in text and "vs FI off" in text and "via FI B=1024" in text
+    for e in res["shapes"].values():  # every 64 (= B in the dry run): the same slots
+        v = e["fi"]["via B=256 e64"]
+        assert "check_error" not in v and v["rel_diff_pool"] < 1e-2, v
     assert (tmp_path / "bench_prefill.json").exists()
 
 

@@ -18,8 +18,10 @@ import torch
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
-from gdn_graphs.ops import chunk, conv, decode
+import fi_standin
+from gdn_graphs.ops import chunk, conv, decode, fi_kernels
 from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.ops.fi_prefill import FiWorkspace
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 from gdn_graphs.vllm.v0_26.pages import cache_views
@@ -30,6 +32,8 @@ C = 2 * HK * K + HV * V
 KERNELS = [(chunk, "_chunk_intra_kernel"), (chunk, "_chunk_seq_kernel"),
            (conv, "_conv_decode_kernel"), (conv, "_conv_prefill_kernel"),
            (decode, "_gdn_decode_kernel")]
+FI_KERNELS = [(fi_kernels, "_fi_prep_kernel"), (fi_kernels, "_fi_gather_kernel"),
+              (fi_kernels, "_fi_scatter_kernel")]
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -68,7 +72,7 @@ class Recorder:
 @pytest.fixture
 def launches(monkeypatch):
     log = []
-    for mod, name in KERNELS:
+    for mod, name in KERNELS + FI_KERNELS:
         monkeypatch.setattr(mod, name, Recorder(name, getattr(mod, name), log))
     yield log
 
@@ -83,8 +87,11 @@ def engine_inputs(T, style, dtype):
     return x, torch.randn(T, HV).to(dtype), torch.randn(T, HV).to(dtype)
 
 
-@pytest.mark.parametrize("style", ["qwen3_next", "qwen3_5"])
-def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
+@pytest.mark.parametrize("style,fi", [("qwen3_next", False), ("qwen3_5", False),
+                                      ("qwen3_next", True), ("qwen3_5", True)])
+def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi):
+    """fi: the workspace carries a FiWorkspace (FlashInfer's prefill path, the torch stand-in in
+    FlashInfer's place): steps whose prefill starts are 64-aligned run its kernels."""
     dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
     torch.manual_seed(0)
     page = (W - 1) * C * 2 + HV * V * K * 4 + 4096   # padded to a larger attention page
@@ -92,6 +99,9 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
     A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
     max_reqs, max_tokens = 24, 500  # limits that are not multiples of 16, as an engine may have
     ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
+    if fi:
+        ws.fi = FiWorkspace(max_tokens, 7, HK, HV, K, V, dtype, "cpu", max_checkpoints=max_tokens // 64,
+                            fn=fi_standin.chunk_gated_delta_rule)
 
     # the engine: its pages, its planner and block table, a sequence of steps
     table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
@@ -108,6 +118,8 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
         ([1] * 20, list(range(200, 220))),
         ([5], [250]),                              # a short warm prefill
     ]
+    if fi:  # prefills from block and 64-aligned starts, after decode rows (FlashInfer path)
+        steps += [([1, 200], [303, 128]), ([1, 1, 64], [304, 130, 192]), ([70, 64], [0, 256])]
     T_max = max(sum(q) for q, _ in steps) + 8
     x_all, a_all, b_all = engine_inputs(T_max, style, dtype)
     for q, n in steps:
@@ -127,7 +139,7 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style):
     missing = engine - warm
     assert not missing, "kernels the engine would compile during inference:\n" + "\n".join(
         f"{name}: {dict(key)}" for name, key in sorted(missing, key=str))
-    assert {name for name, _ in engine} == {name for _, name in KERNELS}
+    assert {name for name, _ in engine} == {name for _, name in KERNELS + (FI_KERNELS if fi else [])}
 
 
 def test_a_warm_up_on_other_layouts_misses_engine_variants(launches):

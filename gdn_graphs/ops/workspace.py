@@ -45,6 +45,9 @@ class ChunkWorkspace:
         self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
         self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
         self.kn = torch.empty(n, HK, K, **mk)
+        # a gdn_graphs.ops.fi_prefill.FiWorkspace when the engine runs prefill on FlashInfer's
+        # kernel where it can (run_gdn_core routes each step: fi_route); None: always ours
+        self.fi = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.w, self.u, self.p, self.g, self.qs, self.kn))

@@ -6,8 +6,9 @@ step's flat batch ``[decode rows | spec rows | prefill tokens | padding]`` (``GD
 gdn_graphs.runtime.step): decode rows go through conv_decode + gdn_decode with
 ``step.decode_read/decode_write``, spec rows (1 + k tokens each) through conv_decode_multi +
 gdn_decode_multi with ``step.spec_read/spec_write/spec_cu`` (a state and window stored after every
-token), prefill tokens through conv_prefill + gdn_chunk_prefill with ``step.prefill``; padding
-gets zero outputs.
+token), prefill tokens through conv_prefill + gdn_chunk_prefill with ``step.prefill`` (or
+gdn_fi_prefill, FlashInfer's kernel inside the same contract, where the workspace carries a
+FiWorkspace and ``fi_route`` accepts the step); padding gets zero outputs.
 It launches kernels only (no sync, no host reads of tensor values), so it may run inside a CUDA
 graph capture: the embedded engine's FULL decode graphs, vLLM's, the warm-up, the tests.
 
@@ -39,6 +40,7 @@ from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.conv import conv_decode, conv_prefill
 from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
+from gdn_graphs.ops.fi_prefill import fi_route, gdn_fi_prefill
 from gdn_graphs.runtime.step import GDNStep
 
 __all__ = ["GDNWeights", "GDNPools", "StepContext", "step_context", "get_step_context",
@@ -149,8 +151,15 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
             conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
                          out=conv_out[sl], error_flag=flag)
             q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
-            gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
-                              out=out[sl], workspace=workspace, error_flag=flag)
+            # FlashInfer's kernel where the engine gave it a workspace and the step allows it
+            # (gdn_graphs.ops.fi_prefill: same contract, fp32 pools, 64-aligned starts)
+            fi = fi_route(workspace, step, n_pre, pools.ssm, out[sl])
+            if fi is not None:
+                gdn_fi_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
+                               out[sl], workspace.fi, error_flag=flag, num_seqs=fi[1], every=fi[0])
+            else:
+                gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm,
+                                  step.prefill, out=out[sl], workspace=workspace, error_flag=flag)
     if nd + n_pre < T:
         out[nd + n_pre:].zero_()
     return out

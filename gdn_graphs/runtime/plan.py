@@ -307,7 +307,7 @@ class GDNPlanner:
             prefill_ckpts=tuple(tuple(c) for c in ckpts[e_spec:]),
             spec_read=tuple(reads[d:e_spec]),
             spec_write=tuple((*ckpts[i], writes[i]) for i in range(d, e_spec)),
-            spec_accepted=tuple(acc[d:e_spec]))
+            spec_accepted=tuple(acc[d:e_spec]), prefill_starts=tuple(ns[e_spec:]))
         return host, meta_lists
 
     def _check_spec(self, rows, qs, d, nsp, rings, accepted):

@@ -137,6 +137,9 @@ class StepPlan:
     spec_read: tuple[int, ...] = ()
     spec_write: tuple[tuple[int, ...], ...] = ()  # per spec row, the slot after each token
     spec_accepted: tuple[int, ...] = ()           # per spec row, the accepted count it read by
+    # per prefill row, the tokens computed before the step (start_pos): the FlashInfer prefill
+    # path picks its checkpoint interval from them (gdn_graphs.ops.fi_prefill.fi_route)
+    prefill_starts: tuple[int, ...] = ()
 
     @property
     def num_seqs(self) -> int:

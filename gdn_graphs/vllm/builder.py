@@ -11,14 +11,22 @@ makes it; builders reach it through the layers vLLM registers), so nothing is mo
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from gdn_graphs.ops.chunk import ChunkWorkspace
+from gdn_graphs.ops.fi_prefill import make_fi_workspace
 from gdn_graphs.runtime.step import GDNStep
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
 __all__ = ["GDNResources", "StepBuilder"]
+
+_log = logging.getLogger("vllm.gdn_graphs")
+# prefill rows a FlashInfer step takes (its initial/final states: 2 MiB each at HV 32): a step
+# with more runs on our kernel
+FI_MAX_SEQS = 64
 
 
 class GDNResources:
@@ -50,13 +58,22 @@ class GDNResources:
         return self._planner
 
     def workspace(self, HV: int, K: int, V: int, HK: int, dtype: torch.dtype,
-                  device: torch.device) -> ChunkWorkspace:
-        """The chunk kernels' scratch, one per (shape, dtype, device), shared by every layer."""
+                  device: torch.device, state_dtype: torch.dtype | None = None) -> ChunkWorkspace:
+        """The chunk kernels' scratch, one per (shape, dtype, device), shared by every layer.
+        With ``state_dtype`` (the pool's) it carries a FiWorkspace where FlashInfer's prefill
+        path can run (SM90, FlashInfer importable, fp32 pool, K = V = 128): logged once."""
         key = (HV, K, V, HK, dtype, str(device))
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = ChunkWorkspace(self.max_tokens, HV, K, V, dtype, device,
                                                         HK=HK)
+            if state_dtype is not None:
+                ws.fi, why = make_fi_workspace(self.max_tokens, min(self.max_reqs, FI_MAX_SEQS), HK,
+                                               HV, K, V, dtype, state_dtype, device)
+                _log.info("gdn_graphs: GDN prefill on %s", (
+                    f"FlashInfer's kernel (steps whose starts are 64-aligned; ours otherwise; "
+                    f"workspace {ws.fi.nbytes() / 2**20:.0f} MiB)") if ws.fi is not None else
+                    f"our Triton kernel ({why})")
         return ws
 
 

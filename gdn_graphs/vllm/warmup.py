@@ -10,8 +10,10 @@ So the warm-up launches on the engine's layouts: the layer's own input tensors f
 forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the model packs its
 projections) and pools laid out like the engine's state pages (the caller builds them: for vLLM
 0.26, ``gdn_graphs.vllm.v0_26.pages.cache_views``). Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
-(1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding) and a
-pure decode for each decode tile the kernel picks by row count. ``tests/test_vllm_warmup.py``
+(1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding), the
+same two with the prefill row from position 0 when the workspace carries a FiWorkspace (the
+FlashInfer prefill path: its kernels and FlashInfer's compile), and a pure decode for each decode
+tile the kernel picks by row count. ``tests/test_vllm_warmup.py``
 checks that an engine's launches need no compile the warm-up did not do.
 """
 
@@ -94,6 +96,12 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     # 16-byte alignment can differ), a prefill row from position 37, padding after it
     for nd in (1, 2):
         step([*range(nd + 1), nd + n_pre], [5] * nd + [37])
+    if getattr(workspace, "fi", None) is not None:
+        # the FlashInfer path (a prefill row from position 0: fi_route takes it): its three
+        # Triton kernels at both input offsets, and FlashInfer's own compile (8-17 s, once: its
+        # one configuration serves every step), so that none happens after start-up
+        for nd in (1, 2):
+            step([*range(nd + 1), nd + n_pre], [5] * nd + [0])
     for n_rows in decode_rows:                    # pure decode, one per decode tile
         step(list(range(n_rows + 1)), [5] * n_rows)
     if int((planner.slots.flat >= 0).sum()) != 0:

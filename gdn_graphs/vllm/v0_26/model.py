@@ -220,7 +220,7 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
     def _workspace(self, like: torch.Tensor):
         HK, HV = self._heads()
         return self._gdn_resources.workspace(HV, self.head_k_dim, self.head_v_dim, HK, like.dtype,
-                                             like.device)
+                                             like.device, state_dtype=self.get_state_dtype()[1])
 
     def _warm_up(self, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         """Compile on this engine's layouts: the inputs of vLLM's dummy forward, pools laid out

@@ -1,0 +1,239 @@
+"""The Triton kernels around FlashInfer's chunk prefill (gdn_graphs.ops.fi_prefill uses them).
+
+FlashInfer's SM90 ``chunk_gated_delta_rule`` wants contiguous, already l2-normalised q and k,
+alpha = exp(g) and beta = sigmoid(b) in fp32, int64 cu_seqlens, one initial state per sequence
+(not indexed by slot) and writes its checkpoints into a side tensor. Three kernels adapt our
+contract (views of the conv output, gate inputs a and b, a slot-indexed pool) to it:
+
+``_fi_prep_kernel`` (one program per (token tile, key head))
+    q, k -> l2-normalised (q not scaled: FlashInfer applies ``scale`` itself) in the input dtype;
+    v copied contiguous; alpha = exp(g), beta = sigmoid(b) in fp32 for the key head's value heads;
+    output rows past the live tokens zeroed (FlashInfer writes only its sequences' rows), and the
+    workspace rows there zeroed (FlashInfer's TMA tiles of a final partial chunk read them: masked
+    by coefficients, so they must be finite). Program (0, 0) also writes the int64 tables:
+    cu64 (cu_seqlens clipped to [0, T] and made non-decreasing) and ckcu, the exclusive cumsum
+    of len_i // every (FlashInfer's checkpoint_cu_starts).
+``_fi_gather_kernel`` (one program per (sequence, tile of its state))
+    h0[i] = ssm[read_slot[i]] (zeros for -1 or a slot outside the pool, ERR_SLOT for the latter).
+``_fi_scatter_kernel`` (one program per (FlashInfer checkpoint or sequence, tile of a state))
+    FlashInfer's checkpoint c of sequence i holds the state after (c - ckcu[i] + 1) * every tokens
+    of the span, i.e. at absolute position p = n_i + that; when p is a multiple of the block size
+    B strictly inside the span, it is our checkpoint entry p // B - n_i // B - 1 and goes to that
+    slot. The last programs store each sequence's final state (FlashInfer's output_state) into its
+    write slot. Index formulas, clipping and error codes are chunk.py's: a slot outside
+    [-1, num_slots) is never dereferenced (ERR_SLOT), an entry past ckpt_slots stores nothing,
+    offsets outside the table are clipped (ERR_META). A sequence whose start is not a multiple of
+    ``every`` has no FlashInfer checkpoint on its block boundaries: it stores no checkpoint and
+    reports ERR_META (the host chooses ``every`` so this does not happen).
+
+All grids depend on buffer sizes and host ints only; idle programs exit at once.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, bad_slot, cast_like_gpu,
+                                   clip_pos, gdn_gate, inv_l2norm, report, slot_ok)
+
+__all__ = ["fi_prep", "fi_gather", "fi_scatter"]
+
+STATE_TILE = 4096  # elements of a state copied by one program (16 KiB of fp32)
+
+
+@triton.jit
+def _max_fn(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _live_cu(cu_seqlens, num_seqs, T, BS: tl.constexpr):
+    """cu_seqlens[0 .. num_seqs] clipped to [0, T] and made non-decreasing (a running max), as a
+    [BS] vector (entries past num_seqs repeat the last). FlashInfer needs spans of length >= 0."""
+    o_s = tl.arange(0, BS)
+    m_s = o_s <= num_seqs
+    cu0 = tl.load(cu_seqlens + o_s, mask=m_s, other=0)
+    cu = tl.associative_scan(tl.where(m_s, tl.minimum(tl.maximum(cu0, 0), T), 0), 0, _max_fn)
+    return o_s, m_s, cu0, cu
+
+
+@triton.jit
+def _l2norm_rows(src, dst, r64, s_t, i_hk, o_k, m_tk, m_lk, HK: tl.constexpr, K: tl.constexpr,
+                 DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """dst[rows, i_hk] = l2norm(src[rows, i_hk]) (fp32 math, rounded once to DT); zeros where
+    m_lk is off (rows past the live tokens)."""
+    x = tl.load(src + r64[:, None] * s_t + i_hk * K + o_k[None, :], mask=m_lk, other=0.).to(tl.float32)
+    x = x * inv_l2norm(x, 1)[:, None]
+    tl.store(dst + r64[:, None] * (HK * K) + i_hk * K + o_k[None, :], cast_like_gpu(x, DT, INTERPRET),
+             mask=m_tk)
+
+
+@triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["T", "num_seqs", "max_seqs", "every", "s_qt", "s_kt", "s_vt", "s_at",
+                               "s_bt", "s_ot"])
+def _fi_prep_kernel(
+    q, k, v, a, b, A_log, dt_bias, out,
+    qn, kn, vc, alpha, beta, cu_seqlens, cu64, ckcu, error_flag,
+    T, num_seqs, max_seqs, every, s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    INTERPRET: tl.constexpr, HAS_FLAG: tl.constexpr,
+):
+    G: tl.constexpr = HV // HK
+    i_t = tl.program_id(0)
+    i_hk = tl.program_id(1)
+    o_s, m_s, cu0, cu = _live_cu(cu_seqlens, num_seqs, T, BS)
+    t_live = tl.max(cu, 0)
+    if (i_t == 0) & (i_hk == 0):
+        tl.store(cu64 + o_s, cu.to(tl.int64), mask=m_s)
+        # len_i = cu[i + 1] - cu[i]: the next entry of the running max is max(cu[i], cu0[i + 1])
+        nxt = tl.load(cu_seqlens + o_s + 1, mask=o_s < num_seqs, other=0)
+        nxt = tl.maximum(cu, tl.minimum(tl.maximum(nxt, 0), T))
+        n_ck = tl.where(o_s < num_seqs, (nxt - cu) // every, 0).to(tl.int64)
+        tl.store(ckcu + o_s, tl.cumsum(n_ck, 0) - n_ck, mask=m_s)
+        report(error_flag, tl.sum(tl.where(m_s & (cu != cu0), 1, 0), 0) > 0, ERR_TOKENS_C, HAS_FLAG)
+        # live tokens of sequences past num_seqs would get no output: the host total was wrong
+        report(error_flag, tl.load(cu_seqlens + max_seqs) != tl.load(cu_seqlens + num_seqs),
+               ERR_META_C, HAS_FLAG)
+
+    rows = i_t * BT + tl.arange(0, BT)
+    m_t = rows < T
+    live = rows < t_live
+    r64 = rows.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = tl.arange(0, BV)
+    m_v = o_v < V
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_lk = live[:, None] & m_k[None, :]
+    DT: tl.constexpr = qn.dtype.element_ty
+    # rows past the live tokens: zeros everywhere (the loads are masked off there)
+    _l2norm_rows(q, qn, r64, s_qt, i_hk, o_k, m_tk, m_lk, HK, K, DT, INTERPRET)
+    _l2norm_rows(k, kn, r64, s_kt, i_hk, o_k, m_tk, m_lk, HK, K, DT, INTERPRET)
+    for j in tl.static_range(G):
+        i_h = i_hk * G + j
+        m_tv = m_t[:, None] & m_v[None, :]
+        x = tl.load(v + r64[:, None] * s_vt + i_h * V + o_v[None, :], mask=live[:, None] & m_v[None, :],
+                    other=0.)
+        tl.store(vc + r64[:, None] * (HV * V) + i_h * V + o_v[None, :], x.to(DT), mask=m_tv)
+        pad = m_t & (rows >= t_live)
+        tl.store(out + r64[:, None] * s_ot + i_h * V + o_v[None, :],
+                 tl.zeros([BT, BV], dtype=out.dtype.element_ty), mask=pad[:, None] & m_v[None, :])
+        b_a = tl.load(a + r64 * s_at + i_h, mask=live, other=0.).to(tl.float32)
+        b_b = tl.load(b + r64 * s_bt + i_h, mask=live, other=0.).to(tl.float32)
+        neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
+        g, be = gdn_gate(b_a, b_b, neg_A, tl.load(dt_bias + i_h).to(tl.float32))
+        # padding rows: alpha 1, beta 0 (no change of the state), as FlashInfer pads itself
+        tl.store(alpha + r64 * HV + i_h, tl.where(live, tl.exp(g), 1.), mask=m_t)
+        tl.store(beta + r64 * HV + i_h, tl.where(live, be, 0.), mask=m_t)
+
+
+@triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["num_slots", "s_slot"])
+def _fi_gather_kernel(ssm, h0, read_slot, error_flag, num_slots, s_slot,
+                      N_ELEM: tl.constexpr, TILE: tl.constexpr, HAS_FLAG: tl.constexpr):
+    i_n = tl.program_id(0)
+    i_e = tl.program_id(1)
+    o = i_e * TILE + tl.arange(0, TILE)
+    slot = tl.load(read_slot + i_n)
+    ok = slot_ok(slot, num_slots)  # only pool slots are dereferenced (else zeros)
+    x = tl.load(ssm + tl.where(ok, slot, 0).to(tl.int64) * s_slot + o, mask=(o < N_ELEM) & ok, other=0.)
+    tl.store(h0 + i_n.to(tl.int64) * N_ELEM + o, x.to(tl.float32), mask=o < N_ELEM)
+    report(error_flag, (i_e == 0) & bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
+
+
+@triton.jit
+def _copy_state(src, ssm, slot, num_slots, s_slot, o, N_ELEM: tl.constexpr):
+    """ssm[slot] (the tile at offsets o) = src when slot names a pool slot; nothing otherwise."""
+    if slot_ok(slot, num_slots):
+        x = tl.load(src + o, mask=o < N_ELEM)
+        tl.store(ssm + slot.to(tl.int64) * s_slot + o, x.to(ssm.dtype.element_ty), mask=o < N_ELEM)
+
+
+@triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
+@triton.jit(do_not_specialize=["n_ck_prog", "num_seqs", "max_ckpts", "num_slots", "s_slot", "every",
+                               "block_size"])
+def _fi_scatter_kernel(
+    ssm, ck_states, h_final, cu64, ckcu, start_pos, write_slot, ckpt_offsets, ckpt_slots, error_flag,
+    n_ck_prog, num_seqs, max_ckpts, num_slots, s_slot, every, block_size,
+    N_ELEM: tl.constexpr, TILE: tl.constexpr, BS: tl.constexpr, HAS_FLAG: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    i_e = tl.program_id(1)
+    o = i_e * TILE + tl.arange(0, TILE)
+    if pid < n_ck_prog:  # FlashInfer's checkpoint c = pid
+        o_s = tl.arange(0, BS)
+        cks = tl.load(ckcu + o_s, mask=o_s <= num_seqs, other=0)
+        if pid >= tl.max(cks, 0):  # past the checkpoints of this launch
+            return
+        # its sequence: the last i with ckcu[i] <= c (ckcu is non-decreasing, ckcu[0] = 0)
+        i_n = tl.sum(tl.where((o_s >= 1) & (o_s <= num_seqs) & (cks <= pid), 1, 0), 0)
+        c0 = tl.load(ckcu + i_n)
+        bos = tl.load(cu64 + i_n).to(tl.int32)
+        n_end0 = tl.load(cu64 + i_n + 1).to(tl.int32) - bos
+        n, _ = clip_pos(tl.load(start_pos + i_n))
+        p = n + ((pid - c0).to(tl.int32) + 1) * every  # absolute position after that checkpoint
+        n_end = n + n_end0
+        if ((n % every) == 0) & ((p % block_size) == 0) & (p < n_end):
+            ck0 = tl.minimum(tl.maximum(tl.load(ckpt_offsets + i_n), 0), max_ckpts)
+            i_c = ck0 + (p // block_size - n // block_size - 1)
+            slot = tl.load(ckpt_slots + i_c, mask=i_c < max_ckpts, other=-1)
+            _copy_state(ck_states + pid.to(tl.int64) * N_ELEM, ssm, slot, num_slots, s_slot, o, N_ELEM)
+            report(error_flag, (i_e == 0) & bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
+    else:  # sequence i_n's final state
+        i_n = pid - n_ck_prog
+        bos = tl.load(cu64 + i_n).to(tl.int32)
+        q_len = tl.load(cu64 + i_n + 1).to(tl.int32) - bos
+        if q_len <= 0:  # an empty span stores nothing (as chunk.py)
+            return
+        n, moved = clip_pos(tl.load(start_pos + i_n))
+        n_end = n + q_len
+        ck00 = tl.load(ckpt_offsets + i_n)
+        ck0 = tl.minimum(tl.maximum(ck00, 0), max_ckpts)
+        n_blk = (n_end - 1) // block_size - n // block_size  # boundaries strictly inside the span
+        if i_e == 0:
+            report(error_flag, moved, ERR_TOKENS_C, HAS_FLAG)
+            report(error_flag, (ck0 != ck00) | (ck0 + n_blk > max_ckpts), ERR_META_C, HAS_FLAG)
+            report(error_flag, (n_blk > 0) & ((n % every) != 0), ERR_META_C, HAS_FLAG)
+        slot = tl.load(write_slot + i_n)
+        _copy_state(h_final + i_n.to(tl.int64) * N_ELEM, ssm, slot, num_slots, s_slot, o, N_ELEM)
+        report(error_flag, (i_e == 0) & bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
+
+
+def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: int, error_flag=None,
+            interpret: bool = False, block_t: int = 16, num_warps: int = 4):
+    """Launch the prep kernel (no checks; see gdn_fi_prefill): ws.q/k/v/alpha/beta[:T], ws.cu64,
+    ws.ckcu[:num_seqs + 1], out's padding rows."""
+    T, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    # (the workspace's sequence capacity, not num_seqs: a constexpr that changed with the batch
+    # would compile a new kernel after the warm-up)
+    BS = triton.next_power_of_2(ws.max_seqs + 1)
+    _fi_prep_kernel[(triton.cdiv(T, block_t), HK)](
+        q, k, v, a, b, A_log, dt_bias, out,
+        ws.q, ws.k, ws.v, ws.alpha, ws.beta, meta.cu_seqlens, ws.cu64, ws.ckcu, error_flag,
+        T, num_seqs, meta.max_seqs, every,
+        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
+        BT=block_t, BS=BS, INTERPRET=interpret, num_warps=num_warps,
+    )
+
+
+def fi_gather(ssm, ws, meta, num_seqs: int, error_flag=None):
+    """Launch the gather of the initial states ws.h0[:num_seqs] from meta.read_slot."""
+    n_elem = ssm[0].numel()
+    _fi_gather_kernel[(num_seqs, triton.cdiv(n_elem, STATE_TILE))](
+        ssm, ws.h0, meta.read_slot, error_flag, ssm.shape[0], ssm.stride(0),
+        N_ELEM=n_elem, TILE=STATE_TILE, num_warps=4)
+
+
+def fi_scatter(ssm, ws, meta, num_seqs: int, n_ck: int, every: int, error_flag=None):
+    """Launch the scatter of ws.ckpt[:n_ck] (FlashInfer's checkpoints, every ``every`` tokens of
+    each span) onto block boundaries and of ws.h0[:num_seqs] (final states) into write slots."""
+    n_elem = ssm[0].numel()
+    _fi_scatter_kernel[(n_ck + num_seqs, triton.cdiv(n_elem, STATE_TILE))](
+        ssm, ws.ckpt, ws.h0, ws.cu64, ws.ckcu, meta.start_pos, meta.write_slot, meta.ckpt_offsets,
+        meta.ckpt_slots, error_flag, n_ck, num_seqs, meta.ckpt_slots.shape[0], ssm.shape[0],
+        ssm.stride(0), every, meta.block_size,
+        N_ELEM=n_elem, TILE=STATE_TILE, BS=triton.next_power_of_2(ws.max_seqs + 1), num_warps=4)

@@ -1,0 +1,257 @@
+"""GatedDeltaNet chunk prefill on FlashInfer's kernel, with gdn_chunk_prefill's contract.
+
+Where FlashInfer is present (an optional dependency: vLLM ships it; never required) its SM90 chunk
+prefill is ~4-5x faster than our Triton kernel at 8 x 2048 and 4 x 16384 on an H200
+(profiling/results/2026-12-01/SUMMARY.md). ``gdn_fi_prefill`` runs it inside our guarantees:
+
+    1. fi_prep     (Triton) l2-normalised q, k and contiguous v in the input dtype, alpha = exp(g)
+                   and beta = sigmoid(b) in fp32, int64 cu_seqlens and checkpoint offsets, into a
+                   caller-owned FiWorkspace; padding rows of ``out`` zeroed
+    2. fi_gather   (Triton) initial states from the read slots (FlashInfer's initial_state is one
+                   state per sequence, not indexed by slot)
+    3. FlashInfer  chunk_gated_delta_rule(use_cp=False): outputs straight into ``out``, final
+                   states over the gathered initial states, a checkpoint every ``every`` tokens
+                   of each span into the workspace
+    4. fi_scatter  (Triton) the checkpoints that fall on block boundaries into ckpt_slots, the
+                   final states into write slots, validated and masked exactly like chunk.py
+
+Alignment (why ``every``): FlashInfer counts checkpoints (and its 64-token chunks) from each span's
+start, ours are at absolute multiples of B. With every start n a multiple of ``every`` and
+``every`` dividing B, every block boundary p = (n // B + 1 + e) * B lies ``p - n`` tokens in, a
+multiple of ``every``: it is one of FlashInfer's checkpoints. ``every = B`` (default) stores only
+what is needed when all starts are block-aligned (fresh prompts, prefix-cache hits, chunked
+prefill clipped to blocks); ``fi_every`` picks the largest valid value otherwise (a start at a
+64-multiple inside a block: every 64 or 128 ...), at the price of checkpoints that are stored and
+dropped. A start that is not a multiple of ``every`` gets no checkpoint stored (ERR_META).
+
+Warm == cold: FlashInfer's state is fp32 in registers across chunks of 64 tokens from the span's
+start, a checkpoint is that register state stored as fp32, and an initial state is loaded into
+those registers as is; each chunk's arithmetic depends only on its tokens and the entering state
+(its first chunk differs only by masking rows beyond its length, a no-op for a full chunk). So
+when every start is a multiple of 64 (README, Conventions: chunk alignment), a run resuming from
+a stored block state repeats the cold run's chunks on the same state bits. The GPU tier checks it
+(tests/test_fi_prefill.py). The prep is per token (no batch dependence) for the same reason.
+
+fp32 pools only: with a bf16 pool our kernel rounds the running state at every block boundary so
+a warm run (which starts from the rounded state) matches the cold one; FlashInfer carries fp32
+across boundaries, so a bf16 pool would break warm == cold. Callers use gdn_chunk_prefill there
+(``fi_unsupported`` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.chunk import _check_inputs
+from gdn_graphs.ops.common import check_flag, fail, interpreting
+from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
+from gdn_graphs.ops.meta import ChunkMeta
+
+__all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi", "fi_route",
+           "make_fi_workspace", "FI_ENV"]
+
+# "0" turns the FlashInfer prefill path off (our kernel everywhere), e.g. for a side-by-side run
+FI_ENV = "GDN_GRAPHS_FI_PREFILL"
+
+_fail = functools.partial(fail, "gdn_fi_prefill")
+
+
+class FiWorkspace:
+    """Persistent buffers of gdn_fi_prefill for up to ``max_tokens`` tokens and ``max_seqs``
+    sequences per call, and up to ``max_checkpoints`` FlashInfer checkpoints (a call with T tokens
+    and interval ``every`` needs T // every; default max_tokens // 256). Allocate once, outside
+    any graph; one serves every layer (it carries data only within a call).
+
+    q, k [max_tokens, HK, K] and v [max_tokens, HV, V] in the input dtype; alpha, beta
+    [max_tokens, HV] fp32; cu64, ckcu [max_seqs + 1] int64; h0 [max_seqs, HV, V, K] fp32 (the
+    initial states in, FlashInfer's final states out: each of its programs loads its own
+    (sequence, head) state before it stores it); ckpt [max_checkpoints, HV, V, K] fp32.
+    """
+
+    def __init__(self, max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=None,
+                 fn=None):
+        if dtype not in (torch.bfloat16, torch.float16):
+            fail("FiWorkspace", f"FlashInfer takes bf16/fp16 inputs, got {dtype}")
+        if min(max_tokens, max_seqs, HK, HV, K, V) < 1 or HV % HK:
+            fail("FiWorkspace", f"need positive sizes and HV % HK == 0, got {max_tokens}, {max_seqs}, "
+                 f"HK={HK}, HV={HV}, K={K}, V={V}")
+        self.max_tokens, self.max_seqs = int(max_tokens), int(max_seqs)
+        self.HK, self.HV, self.K, self.V, self.dtype = int(HK), int(HV), int(K), int(V), dtype
+        self.max_checkpoints = max(1, int(max_tokens // 256 if max_checkpoints is None else max_checkpoints))
+        self.device = torch.device(device)
+        self.fn = fn  # the chunk_gated_delta_rule to call (None: FlashInfer's; tests: a stand-in)
+        n, f32 = self.max_tokens, dict(dtype=torch.float32, device=device)
+        self.q = torch.empty(n, HK, K, dtype=dtype, device=device)
+        self.k = torch.empty(n, HK, K, dtype=dtype, device=device)
+        self.v = torch.empty(n, HV, V, dtype=dtype, device=device)
+        self.alpha = torch.empty(n, HV, **f32)
+        self.beta = torch.empty(n, HV, **f32)
+        self.cu64 = torch.zeros(self.max_seqs + 1, dtype=torch.int64, device=device)
+        self.ckcu = torch.zeros(self.max_seqs + 1, dtype=torch.int64, device=device)
+        self.h0 = torch.empty(self.max_seqs, HV, V, K, **f32)
+        self.ckpt = torch.empty(self.max_checkpoints, HV, V, K, **f32)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (
+            self.q, self.k, self.v, self.alpha, self.beta, self.cu64, self.ckcu, self.h0, self.ckpt))
+
+
+@functools.lru_cache(maxsize=None)
+def load_fi():
+    """FlashInfer's chunk_gated_delta_rule, or (None, why not)."""
+    try:
+        from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    except Exception as e:  # noqa: BLE001 - optional dependency
+        return None, f"flashinfer does not import ({e.__class__.__name__}: {str(e)[:200]})"
+    return chunk_gated_delta_rule, None
+
+
+def fi_every(block_size: int, starts) -> int | None:
+    """The checkpoint interval for spans starting at ``starts``: the largest multiple of 64
+    dividing block_size and every start (block_size when all are block-aligned), or None when a
+    start is not a multiple of 64 (FlashInfer's chunks would not be aligned to absolute
+    positions: warm == cold would not hold, and block boundaries would not be chunk ends)."""
+    g = block_size
+    for s in starts:
+        g = math.gcd(g, int(s) % block_size)
+    return g if g % CHUNK == 0 else None
+
+
+def fi_unsupported(q, v, ssm, out=None) -> str | None:
+    """Why gdn_fi_prefill cannot run these tensors on this machine (None: it can)."""
+    fn, why = load_fi()
+    if fn is None:
+        return why
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "FlashInfer's prefill path is used on SM90 (Hopper) only"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"FlashInfer takes bf16/fp16 inputs, got {q.dtype}"
+    if ssm.dtype != torch.float32:
+        return ("a 16-bit pool needs the state rounded at every block boundary (warm == cold); "
+                "FlashInfer carries fp32: our kernel runs")
+    if q.shape[2] != 128 or v.shape[2] != 128:
+        return f"FlashInfer's SM90 kernel takes K = V = 128, got {q.shape[2]}, {v.shape[2]}"
+    if out is not None and (out.dtype != q.dtype or not out.is_contiguous()):
+        return "out must be contiguous and of q's dtype (FlashInfer writes it)"
+    return None
+
+
+def _check_fi(q, v, ssm, meta, out, ws, num_seqs, every, n_ck):
+    T, HK, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        _fail(f"FlashInfer takes bf16/fp16 inputs, got {q.dtype}")
+    if ssm.dtype != torch.float32:
+        _fail(f"the pool must be fp32 (a 16-bit pool needs our kernel), got {ssm.dtype}")
+    if out.dtype != q.dtype or not out.is_contiguous() or tuple(out.shape) != (T, HV, V):
+        _fail(f"out must be a contiguous {(T, HV, V)} tensor of q's dtype, got {tuple(out.shape)} "
+              f"{out.dtype} strides {out.stride()}")
+    if not isinstance(ws, FiWorkspace):
+        _fail("workspace must be a FiWorkspace")
+    if (ws.HK, ws.HV, ws.K, ws.V) != (HK, HV, K, V) or ws.dtype != q.dtype or ws.device != q.device:
+        _fail(f"workspace (HK={ws.HK}, HV={ws.HV}, K={ws.K}, V={ws.V}, {ws.dtype}, {ws.device}) does "
+              f"not fit HK={HK}, HV={HV}, K={K}, V={V}, {q.dtype}, {q.device}")
+    if T > ws.max_tokens or num_seqs > ws.max_seqs or n_ck > ws.max_checkpoints:
+        _fail(f"workspace holds {ws.max_tokens} tokens / {ws.max_seqs} sequences / "
+              f"{ws.max_checkpoints} checkpoints, the call needs {T} / {num_seqs} / {n_ck}")
+    if not 0 <= num_seqs <= meta.max_seqs or (meta.num_seqs is not None and num_seqs < meta.num_seqs):
+        _fail(f"num_seqs = {num_seqs} must cover the meta's {meta.num_seqs} live sequences and fit "
+              f"its {meta.max_seqs}")
+    if every < CHUNK or every % CHUNK or meta.block_size % every:
+        _fail(f"every = {every} must be a multiple of {CHUNK} dividing block_size {meta.block_size}")
+
+
+def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, workspace: FiWorkspace,
+                   scale=None, error_flag=None, num_seqs: int | None = None, every: int | None = None,
+                   fi_fn=None):
+    """gdn_chunk_prefill's contract on FlashInfer's kernel (module docstring for the scheme).
+
+    Args as gdn_chunk_prefill (q, k [T, HK, K] and v [T, HV, V] views with contiguous heads; a, b
+    [T, HV]; A_log, dt_bias [HV]; ``ssm`` [num_slots, HV, V, K] MUTATED at the write and
+    checkpoint slots only, read slots read first; ``meta``; ``error_flag``), except:
+        q, k, v: bf16 or fp16; ssm: fp32 (any slot stride).
+        out: [T, HV, V] contiguous, q's dtype, required. MUTATED: live rows get the outputs,
+            rows >= cu_seqlens[num_seqs] zeros.
+        workspace: FiWorkspace, required (no allocation per call).
+        num_seqs: host count of the sequences to run (default meta.num_seqs, else meta.max_seqs):
+            FlashInfer's grid is num_seqs x HV; rows past it must be empty (else ERR_META).
+        every: FlashInfer's checkpoint interval (default meta.block_size): a multiple of 64 that
+            divides block_size and every start position (fi_every computes it on the host).
+        fi_fn: the chunk_gated_delta_rule to call (default workspace.fn, else FlashInfer's;
+            tests inject a stand-in).
+    Returns ``out``. No host sync, no allocation; FlashInfer compiles its kernel on first use
+    (one configuration for every call here: initial state and checkpoints always on).
+    """
+    _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, None)
+    check_flag("gdn_fi_prefill", error_flag, q.device, ref="q")
+    T, HK, K = q.shape
+    ns = (meta.max_seqs if meta.num_seqs is None else meta.num_seqs) if num_seqs is None else int(num_seqs)
+    every = meta.block_size if every is None else int(every)
+    n_ck = T // every  # >= sum_i len_i // every: FlashInfer's checkpoint indices stay below it
+    if out is None:
+        _fail("out is required (FlashInfer writes it in place)")
+    _check_fi(q, v, ssm, meta, out, workspace, ns, every, n_ck)
+    fi_fn = fi_fn or workspace.fn
+    if fi_fn is None:
+        fi_fn, why = load_fi()
+        if fi_fn is None:
+            _fail(why)
+    if T == 0:
+        return out
+    if ns == 0:
+        return out.zero_()
+    ws = workspace
+    fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, ns, every, error_flag, interpreting())
+    fi_gather(ssm, ws, meta, ns, error_flag)
+    h = ws.h0[:ns]
+    fi_fn(ws.q[:T], ws.k[:T], ws.v[:T], g=ws.alpha[:T], beta=ws.beta[:T],
+          scale=K ** -0.5 if scale is None else float(scale), initial_state=h, output_final_state=True,
+          cu_seqlens=ws.cu64[:ns + 1], output=out, output_state=h,
+          state_checkpoints=ws.ckpt[:max(n_ck, 1)], checkpoint_cu_starts=ws.ckcu[:ns + 1],
+          checkpoint_every_n_tokens=every, use_cp=False)
+    fi_scatter(ssm, ws, meta, ns, n_ck, every, error_flag)
+    return out
+
+
+def make_fi_workspace(max_tokens, max_seqs, HK, HV, K, V, dtype, state_dtype, device,
+                      max_checkpoints=None):
+    """(FiWorkspace, None) where the FlashInfer path can run for these shapes and dtypes on this
+    device, else (None, why not). ``max_seqs``: prefill rows per step it takes (steps with more
+    run on our kernel); ``max_checkpoints`` default max_tokens // 64 (every step fits whatever
+    interval its starts need)."""
+    if os.environ.get(FI_ENV, "1") == "0":
+        return None, f"{FI_ENV}=0"
+    q = torch.empty(0, HK, K, dtype=dtype, device=device)
+    why = fi_unsupported(q, torch.empty(0, HV, V, dtype=dtype, device=device),
+                         torch.empty(0, HV, V, K, dtype=state_dtype, device=device))
+    if why is not None:
+        return None, why
+    n_ck = max_tokens // CHUNK if max_checkpoints is None else max_checkpoints
+    return FiWorkspace(max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=n_ck), None
+
+
+def fi_route(workspace, step, T: int, ssm, out):
+    """(every, num_seqs) when ``step``'s prefill (T tokens, into ``out``) runs on FlashInfer's
+    kernel, else None (our kernel runs). It does when the chunk workspace carries a FiWorkspace
+    (``workspace.fi``, made by make_fi_workspace), the step has its host plan (a capture-time
+    template has none), every prefill start is a multiple of 64 (fi_every), the step fits the
+    FiWorkspace, and the pool is fp32. Never while a CUDA graph is being captured: a replay would
+    keep this step's num_seqs and interval for other batches (our kernel's launches depend only
+    on the buffers). Host values only: no sync."""
+    fw = getattr(workspace, "fi", None)
+    host = getattr(step, "host", None)
+    if (fw is None or host is None or ssm.dtype != torch.float32 or not out.is_contiguous()
+            or out.dtype != fw.dtype):
+        return None
+    if out.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    every = fi_every(step.prefill.block_size, host.prefill_starts)
+    ns = host.num_prefills
+    if every is None or T > fw.max_tokens or ns > fw.max_seqs or T // every > fw.max_checkpoints:
+        return None
+    return every, ns

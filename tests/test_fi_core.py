@@ -1,0 +1,222 @@
+"""gdn_fi_prefill inside the engine: run_gdn_core's routing (fi_route) and its steps, with the
+torch stand-in of FlashInfer on the CPU and the real kernel on the GPU (``-m gpu``), and the
+sm90 compile of the FI path's Triton kernels (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fi_standin
+from gdn_graphs.ops.fi_prefill import FiWorkspace
+from helpers import assert_bits_equal, rel
+from test_fi_prefill import BF, DIMS, TOL, fi_gpu  # noqa: F401 - fi_gpu is a fixture
+
+
+# ---------------------------------------------------------------------------------------------
+# routing inside run_gdn_core
+# ---------------------------------------------------------------------------------------------
+
+def test_core_routes_aligned_prefills_to_fi(monkeypatch):
+    """run_gdn_core runs a step's prefill on gdn_fi_prefill when the chunk workspace carries a
+    FiWorkspace and every prefill start is a multiple of 64 (a capture template, a mid-chunk
+    start, a bf16 pool or a step too big for the FiWorkspace: our kernel), and both paths give
+    the same outputs and slots (bf16 tolerance) on the same steps."""
+    from gdn_graphs.ops.chunk import ChunkWorkspace
+    from gdn_graphs.runtime import core
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+
+    HK, HV, K, V, W, B = 1, 2, 32, 32, 4, 128
+    C = 2 * HK * K + HV * V
+    calls = []
+    real = core.gdn_fi_prefill
+    monkeypatch.setattr(core, "gdn_fi_prefill", lambda *a, **kw: calls.append(kw["every"]) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(0)
+    w = GDNWeights((0.5 * torch.randn(C, W, generator=gen)).to(BF), None, torch.rand(HV, generator=gen),
+                   torch.randn(HV, generator=gen))
+    x = torch.randn(420, C, generator=gen).to(BF)
+    a, b = torch.randn(420, HV, generator=gen).to(BF), torch.randn(420, HV, generator=gen).to(BF)
+    table = [list(range(8 * i, 8 * i + 8)) for i in range(3)]
+
+    def run(fi, rows, pool_dtype=torch.float32, max_seqs=3):
+        planner = GDNPlanner(PlanLimits(max_seqs=3, max_tokens=420, block_size=B, num_slots=24,
+                                        max_blocks_per_seq=8))
+        ws = ChunkWorkspace(420, HV, K, V, BF, "cpu", HK=HK)
+        if fi:
+            ws.fi = FiWorkspace(420, max_seqs, HK, HV, K, V, BF, "cpu", max_checkpoints=420 // 64,
+                                fn=fi_standin.chunk_gated_delta_rule)
+        g2 = torch.Generator().manual_seed(1)
+        pools = GDNPools(torch.randn(24, C, W - 1, generator=g2).to(BF),
+                         (0.3 * torch.randn(24, HV, V, K, generator=g2)).to(pool_dtype))
+        n, q = zip(*rows)
+        step = planner.plan(list(n), list(q), table[:len(rows)])
+        T = sum(q) + 5
+        out = torch.empty(T, HV, V, dtype=BF)
+        run_gdn_core(x[:T], a[:T], b[:T], w, pools, step, out, ws)
+        return out, pools.ssm
+
+    for rows, want in [([(0, 300), (256, 100)], [128]),      # block-aligned: every = B
+                       ([(5, 1), (192, 200)], [64]),          # a decode row, a start at 192: every 64
+                       ([(37, 100)], []),                     # mid-chunk start: ours
+                       ([(0, 100), (0, 50), (128, 10)], [])]:  # 3 prefill rows > max_seqs=2: ours
+        calls.clear()
+        o_fi, s_fi = run(True, rows, max_seqs=2)
+        assert calls == want, (rows, calls)
+        o, s = run(False, rows)
+        assert rel(o_fi, o) < TOL and rel(s_fi, s) < TOL, rows
+        assert torch.equal(o_fi[-5:], torch.zeros_like(o_fi[-5:]))
+    calls.clear()
+    run(True, [(0, 300)], pool_dtype=BF)
+    assert calls == [], "a bf16 pool runs our kernel"
+
+
+def _core_steps(device, dims, make_fi, L, B, cuts, monkeypatch):
+    """One prompt of L tokens through run_gdn_core (GDNPlanner, conv + GDN), once in one step and
+    once in two steps cut at each of ``cuts`` (a decode row of another request beside the second
+    step), with ``make_fi()`` as the chunk workspace's FiWorkspace. Every prefill must run on
+    gdn_fi_prefill; the second step's outputs and the final pools equal the one-step run's bit
+    for bit; the one-step outputs match our kernel's (bf16 tolerance)."""
+    from gdn_graphs.ops.chunk import ChunkWorkspace
+    from gdn_graphs.runtime import core
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+
+    HK, HV, K, V = dims
+    W, C, nb = 4, 2 * HK * K + HV * V, L // B + 1
+    calls = []
+    real = core.gdn_fi_prefill
+    monkeypatch.setattr(core, "gdn_fi_prefill", lambda *a, **kw: calls.append(kw["every"]) or real(*a, **kw))
+    gen = torch.Generator().manual_seed(7)
+    w = GDNWeights((0.5 * torch.randn(C, W, generator=gen)).to(BF).to(device), None,
+                   torch.rand(HV, generator=gen).to(device), torch.randn(HV, generator=gen).to(device))
+    x = torch.randn(L + 1, C, generator=gen).to(BF).to(device)
+    a = torch.randn(L + 1, HV, generator=gen).to(BF).to(device)
+    b = torch.randn(L + 1, HV, generator=gen).to(BF).to(device)
+    tables = [list(range(nb)), list(range(nb, 2 * nb))]  # prompt, decode request
+
+    def run(rows, fi=True, pools=None):
+        planner = GDNPlanner(PlanLimits(max_seqs=2, max_tokens=L + 1, block_size=B, num_slots=2 * nb,
+                                        max_blocks_per_seq=nb), device)
+        ws = ChunkWorkspace(L + 1, HV, K, V, BF, device, HK=HK)
+        ws.fi = make_fi() if fi else None
+        pools = pools or GDNPools(torch.zeros(2 * nb, C, W - 1, dtype=BF, device=device),
+                                  torch.zeros(2 * nb, HV, V, K, device=device))
+        n, q, t = zip(*rows)
+        step = planner.plan(list(n), list(q), [tables[i] for i in t])
+        T = sum(q)
+        out = torch.empty(T, HV, V, dtype=BF, device=device)
+        run_gdn_core(_rows(x, rows), _rows(a, rows), _rows(b, rows), w, pools, step, out, ws)
+        return out, pools
+
+    def _rows(t, rows):  # the batch: decode rows take token L of t, the prompt rows its [n, n+q)
+        return torch.cat([t[L:L + 1] if ti == 1 else t[n:n + q] for n, q, ti in rows])
+
+    one, p1 = run([(0, L, 0)])
+    assert calls == [B] and torch.isfinite(one.float()).all()
+    ours, _ = run([(0, L, 0)], fi=False)
+    assert rel(one, ours) < TOL
+    for c in cuts:
+        calls.clear()
+        _, p2 = run([(0, c, 0)])
+        two, p2 = run([(5, 1, 1), (c, L - c, 0)], pools=p2)
+        assert len(calls) == 2, calls
+        assert_bits_equal(two[1:], one[c:], f"cut {c}: outputs")
+        for s in range(nb):
+            assert_bits_equal(p2.ssm[s], p1.ssm[s], f"cut {c}: state slot {s}")
+            assert_bits_equal(p2.conv[s], p1.conv[s], f"cut {c}: conv slot {s}")
+
+
+def test_core_steps_equal_one_step_standin(monkeypatch):
+    dims = DIMS
+    _core_steps("cpu", dims, lambda: FiWorkspace(513, 2, *dims, BF, "cpu", max_checkpoints=8,
+                                                 fn=fi_standin.chunk_gated_delta_rule),
+                512, 128, [256, 192], monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_fi_core_steps_equal_one_step(fi_gpu, monkeypatch):
+    """Real FlashInfer inside run_gdn_core (make_fi_workspace, as the vLLM builder makes it): a
+    2048-token prompt in one step vs two steps cut at the block boundary 1024 and at 960 (inside
+    a block: every 64), bit for bit, conv and GDN pools included."""
+    from gdn_graphs.ops.fi_prefill import make_fi_workspace
+    dims = (4, 8, 128, 128)
+
+    def make():
+        ws, why = make_fi_workspace(2049, 2, *dims, BF, torch.float32, "cuda")
+        assert ws is not None, why
+        return ws
+
+    _core_steps("cuda", dims, make, 2048, 256, [1024, 960], monkeypatch)
+
+
+_COMPILE_SCRIPT = r"""
+import os, re, subprocess, sys, tempfile
+import triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from gdn_graphs.ops import fi_kernels as F
+
+HK, HV, K, V = 16, 32, 128, 128
+kernels = [
+    (F._fi_prep_kernel, dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=V, BT=16, BS=64, INTERPRET=False),
+     dict(A_log="*fp32", dt_bias="*fp32", alpha="*fp32", beta="*fp32", cu64="*i64", ckcu="*i64")),
+    (F._fi_gather_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE), dict(ssm="*fp32", h0="*fp32")),
+    (F._fi_scatter_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE, BS=64),
+     dict(ssm="*fp32", ck_states="*fp32", h_final="*fp32", cu64="*i64", ckcu="*i64")),
+]
+meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+for (heur, consts0, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
+    fn = heur.fn
+    consts = dict(consts0, HAS_FLAG=has_flag)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name == "error_flag" and not has_flag:
+            sig[name] = "constexpr"
+            consts[name] = None
+        elif name in special:
+            sig[name] = special[name]
+        elif name in meta:
+            sig[name] = "*i32"
+        elif fn.params[i].is_constexpr:
+            continue
+        elif name in ("T", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots",
+                      "block_size") or name.startswith("s_"):
+            sig[name] = "i32"
+        else:
+            sig[name] = "*bf16"
+        if sig[name].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=4))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ck.asm["ptx"])
+    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)
+    os.unlink(f.name)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert res.returncode == 0 and spills, res.stderr[-800:]
+    print(fn.__name__, has_flag, "regs", re.findall(r"Used (\d+) registers", res.stderr), "spills", spills)
+    assert max(spills) == 0, (fn.__name__, "spills registers")
+"""
+
+
+def test_fi_kernels_compile_for_sm90():
+    """The three kernels compile for an H200 (sm_90, no interpreter shims) at the real shapes,
+    with and without the error flag, without register spills. Needs no GPU (Triton's ptxas)."""
+    import os
+    import subprocess
+    import sys
+
+    import triton
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]

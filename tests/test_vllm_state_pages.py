@@ -365,6 +365,28 @@ def test_options_reach_the_spec(vllm_cpu):
 
 
 @pytest.mark.vllm
+def test_prefill_option_gates_the_flashinfer_workspace(vllm_cpu):
+    """The FlashInfer prefill path is opt-in (``"prefill": "flashinfer"``): without it no layer's
+    workspace carries a FiWorkspace, whatever the pool; an unknown value is refused."""
+    from types import SimpleNamespace as NS
+
+    from gdn_graphs.vllm.builder import GDNResources
+    from gdn_graphs.vllm.v0_26.state_pages import prefill_option
+
+    def opt(**o):
+        return prefill_option(NS(additional_config={"gdn_graphs": o} if o else {}))
+
+    assert opt() == "ours" and opt(prefill="flashinfer") == "flashinfer"
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        opt(prefill="fi")
+    args = (32, 128, 128, 16, torch.bfloat16, torch.device("cpu"))
+    assert getattr(GDNResources(8, 256).workspace(*args, state_dtype=torch.float32), "fi",
+                   None) is None
+    # opted in, on a machine where FlashInfer's kernel cannot run: ours, with the reason logged
+    assert GDNResources(8, 256, fi_prefill=True).workspace(*args, state_dtype=torch.float32).fi is None
+
+
+@pytest.mark.vllm
 def test_the_edge_pool_serves_a_near_max_prompt_and_a_system_prompt(vllm_cpu):
     """The capacity session's edge run on the CPU: a pool of max_model_len's attention blocks
     plus one page per GDN group and one more (what the plugin's start-up estimate lets through),

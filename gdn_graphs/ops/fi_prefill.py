@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
@@ -53,10 +52,7 @@ from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
 from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi", "fi_route",
-           "make_fi_workspace", "FI_ENV"]
-
-# "0" turns the FlashInfer prefill path off (our kernel everywhere), e.g. for a side-by-side run
-FI_ENV = "GDN_GRAPHS_FI_PREFILL"
+           "make_fi_workspace"]
 
 _fail = functools.partial(fail, "gdn_fi_prefill")
 
@@ -224,8 +220,6 @@ def make_fi_workspace(max_tokens, max_seqs, HK, HV, K, V, dtype, state_dtype, de
     device, else (None, why not). ``max_seqs``: prefill rows per step it takes (steps with more
     run on our kernel); ``max_checkpoints`` default max_tokens // 64 (every step fits whatever
     interval its starts need)."""
-    if os.environ.get(FI_ENV, "1") == "0":
-        return None, f"{FI_ENV}=0"
     q = torch.empty(0, HK, K, dtype=dtype, device=device)
     why = fi_unsupported(q, torch.empty(0, HV, V, dtype=dtype, device=device),
                          torch.empty(0, HV, V, K, dtype=state_dtype, device=device))

@@ -37,8 +37,9 @@ class GDNResources:
     max_tokens: tokens of a step.
     """
 
-    def __init__(self, max_reqs: int, max_tokens: int):
+    def __init__(self, max_reqs: int, max_tokens: int, fi_prefill: bool = False):
         self.max_reqs, self.max_tokens = max_reqs, max_tokens
+        self.fi_prefill = fi_prefill  # the "prefill": "flashinfer" option (see workspace)
         self._planner: DeviceTablePlanner | None = None
         self._planner_key: tuple | None = None
         self._workspaces: dict[tuple, ChunkWorkspace] = {}
@@ -60,14 +61,15 @@ class GDNResources:
     def workspace(self, HV: int, K: int, V: int, HK: int, dtype: torch.dtype,
                   device: torch.device, state_dtype: torch.dtype | None = None) -> ChunkWorkspace:
         """The chunk kernels' scratch, one per (shape, dtype, device), shared by every layer.
-        With ``state_dtype`` (the pool's) it carries a FiWorkspace where FlashInfer's prefill
-        path can run (SM90, FlashInfer importable, fp32 pool, K = V = 128): logged once."""
+        With ``state_dtype`` (the pool's) and the "flashinfer" prefill option it carries a
+        FiWorkspace where FlashInfer's prefill path can run (SM90, FlashInfer importable, fp32
+        pool, K = V = 128): logged once."""
         key = (HV, K, V, HK, dtype, str(device))
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = ChunkWorkspace(self.max_tokens, HV, K, V, dtype, device,
                                                         HK=HK)
-            if state_dtype is not None:
+            if state_dtype is not None and self.fi_prefill:
                 ws.fi, why = make_fi_workspace(self.max_tokens, min(self.max_reqs, FI_MAX_SEQS), HK,
                                                HV, K, V, dtype, state_dtype, device)
                 _log.info("gdn_graphs: GDN prefill on %s", (

@@ -33,7 +33,7 @@ from gdn_graphs.vllm.builder import GDNResources, StepBuilder
 from gdn_graphs.vllm.slots import plan_block_size
 from gdn_graphs.vllm.v0_26.config import ARCHS
 from gdn_graphs.vllm.v0_26.pages import cache_views
-from gdn_graphs.vllm.v0_26.state_pages import state_spec
+from gdn_graphs.vllm.v0_26.state_pages import prefill_option, state_spec
 from gdn_graphs.vllm.warmup import warm_up_kernels
 
 logger = init_logger("vllm.gdn_graphs")
@@ -175,7 +175,8 @@ def _new_resources(vllm_config) -> GDNResources:
     # rows: a CUDA-graph bucket may pad a decode batch past max_num_seqs
     capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
     return GDNResources(max_reqs=max(sc.max_num_seqs, capture),
-                        max_tokens=sc.max_num_batched_tokens)
+                        max_tokens=sc.max_num_batched_tokens,
+                        fi_prefill=prefill_option(vllm_config) == "flashinfer")
 
 
 class GDNGraphsBackend(GDNAttentionBackend):

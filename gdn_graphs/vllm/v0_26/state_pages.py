@@ -42,7 +42,8 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
-__all__ = ["GDNStateSpec", "GDNStateManager", "PageStats", "state_spec", "keep_every", "register"]
+__all__ = ["GDNStateSpec", "GDNStateManager", "PageStats", "state_spec", "keep_every", "register",
+           "prefill_option"]
 
 logger = logging.getLogger("vllm.gdn_graphs")
 
@@ -66,6 +67,19 @@ def _options(vllm_config) -> dict:
     extra = getattr(vllm_config, "additional_config", None) or {}
     opts = extra.get("gdn_graphs") if isinstance(extra, dict) else None
     return opts if isinstance(opts, dict) else {}
+
+
+PREFILL_OPTIONS = ("ours", "flashinfer")
+
+
+def prefill_option(vllm_config) -> str:
+    """The ``prefill`` option: "ours" (default: our chunk kernel) or "flashinfer" (FlashInfer's
+    chunk kernel inside our contract where it runs: SM90, FlashInfer importable, fp32 state
+    pool, K = V = 128, 64-aligned starts; ours elsewhere). Opt-in until it has run on a GPU."""
+    value = _options(vllm_config).get("prefill", "ours")
+    if value not in PREFILL_OPTIONS:
+        raise ValueError(f"gdn_graphs prefill must be one of {PREFILL_OPTIONS}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class FiWorkspace:
         self.ckcu = torch.zeros(self.max_seqs + 1, dtype=torch.int64, device=device)
         self.h0 = torch.empty(self.max_seqs, HV, V, K, **f32)
         self.ckpt = torch.empty(self.max_checkpoints, HV, V, K, **f32)
+        self.device = self.q.device  # "cuda" -> "cuda:0": what the inputs' devices compare to
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (
@@ -149,8 +150,8 @@ def _check_fi(q, v, ssm, meta, out, ws, num_seqs, every, n_ck):
               f"{out.dtype} strides {out.stride()}")
     if not isinstance(ws, FiWorkspace):
         _fail("workspace must be a FiWorkspace")
-    if (ws.HK, ws.HV, ws.K, ws.V) != (HK, HV, K, V) or ws.dtype != q.dtype or ws.device != q.device:
-        _fail(f"workspace (HK={ws.HK}, HV={ws.HV}, K={ws.K}, V={ws.V}, {ws.dtype}, {ws.device}) does "
+    if (ws.HK, ws.HV, ws.K, ws.V) != (HK, HV, K, V) or ws.dtype != q.dtype or ws.q.device != q.device:
+        _fail(f"workspace (HK={ws.HK}, HV={ws.HV}, K={ws.K}, V={ws.V}, {ws.dtype}, {ws.q.device}) does "
               f"not fit HK={HK}, HV={HV}, K={K}, V={V}, {q.dtype}, {q.device}")
     if T > ws.max_tokens or num_seqs > ws.max_seqs or n_ck > ws.max_checkpoints:
         _fail(f"workspace holds {ws.max_tokens} tokens / {ws.max_seqs} sequences / "

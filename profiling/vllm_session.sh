@@ -16,6 +16,9 @@
 #   bash profiling/vllm_session.sh layout80      # issues 13/16: the 80B-A3B layout with 8 layers
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
+#   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
+#                                                # fp32 plugin without spec / ngram k=3 / MTP k=2,
+#                                                # bf16 plugin ngram vs vLLM's own mode ngram
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
 set -u
@@ -143,6 +146,21 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --graphs on --gpu-mem 0.3 --kv-cache-gib ${KV80_GIB:-24} --scenarios shared,system,ttft \
           --ttft-len 16000 &
     done
+    wait ;;
+  spec)  # issue 12, five engines side by side (one device call): float32 tiny Qwen3-Next with its
+    # MTP layer (tools/tiny_model.py --mtp; the main weights are M32's), prefix caching on: the
+    # plugin without speculation (the token reference), with n-gram k=3, with MTP k=2; bf16: the
+    # plugin and vLLM's own "align" mode, both n-gram k=3 (reuse, acceptance, decode tok/s)
+    MM=/tmp/tiny_qwen3_next_fp32_mtp
+    [ -d $MM ] || python3 -m tools.tiny_model $MM --dtype float32 --mtp > /dev/null 2>&1
+    sc="--scenarios shared,system,chat,decode --shared-len 4000 --system-len 1500 --gen 64"
+    sc="$sc --chat-len 1000 --chat-gen 400 --decode-batch 16 --decode-tokens 256"
+    kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
+    e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
+    e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram --spec-k 3 $kv &
+    e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
+    e2e bf16_plugin_ngram3  $M16 --dtype bfloat16 --plugin on  --spec ngram --spec-k 3 $kv &
+    e2e bf16_vllm_ngram3    $M16 --dtype bfloat16 --plugin off --spec ngram --spec-k 3 $kv &
     wait ;;
   load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
     for who in ${WHO:-plugin vllm}; do

@@ -211,7 +211,8 @@ class SpecWorld:
             for g, m in enumerate(managers):
                 for c, blk in enumerate(m.req_to_blocks.get(rid, ())):
                     page = blk.block_id
-                    if not blk.is_null and blk.block_hash is not None and (g, page) not in self.cached:
+                    hashed = not blk.is_null and blk.block_hash is not None
+                    if hashed and (g, page) not in self.cached:
                         self.cached[(g, page)] = (blk.block_hash,
                                                   tuple(req.all_token_ids[:(c + 1) * B]))
         for (g, page), (h, state) in list(self.cached.items()):

@@ -139,7 +139,8 @@ def test_tiny_mtp_checkpoint_loads_into_vllms_qwen3_next_mtp(vllm_cpu, tiny_mtp,
     assert torch.equal(params[f"model.{attn}qkv_proj.weight"], qkv)
     w13 = params["model.layers.0.mlp.experts.routed_experts.w13_weight"]
     for e in range(w13.shape[0]):
-        gate_up = torch.cat([src[f"layers.0.mlp.experts.{e}.{p}_proj.weight"] for p in ("gate", "up")])
+        gate_up = torch.cat([src[f"layers.0.mlp.experts.{e}.{p}_proj.weight"]
+                             for p in ("gate", "up")])
         assert torch.equal(w13[e], gate_up), e
     for norm in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
         assert torch.equal(params[f"model.{norm}.weight"], src[f"{norm}.weight"])

@@ -40,19 +40,24 @@ def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
 
 
 def tiny_qwen3_5_config(dtype: str = "bfloat16", moe: bool = False, vocab_size: int = 4096,
-                        ssm_dtype: str | None = None):
+                        ssm_dtype: str | None = None, mtp: bool = False):
     """Qwen3.5 (``moe``: Qwen3.5-MoE) with the tiny text layout above and a one-block vision tower.
-    ``ssm_dtype``: the checkpoint's ``mamba_ssm_dtype`` (vLLM's own config hook reads it)."""
+    ``ssm_dtype``: the checkpoint's ``mamba_ssm_dtype`` (vLLM's own config hook reads it).
+    ``mtp``: one MTP layer (``mtp_num_hidden_layers``, what vLLM's ``qwen3_5_mtp`` reads; with
+    ``load_format="dummy"`` its weights are random too)."""
     from transformers import Qwen3_5Config, Qwen3_5MoeConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, **(_EXPERTS if moe else {}))
     if ssm_dtype is not None:
         text["mamba_ssm_dtype"] = ssm_dtype
+    if mtp:
+        text["mtp_num_hidden_layers"] = 1
     vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256)
     cls, arch = ((Qwen3_5MoeConfig, "Qwen3_5MoeForConditionalGeneration") if moe else
                  (Qwen3_5Config, "Qwen3_5ForConditionalGeneration"))
+    extra = {"mtp_num_hidden_layers": 1} if mtp else {}  # (vLLM's n_predict reads the top level)
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype=dtype,
-               architectures=[arch])
+               architectures=[arch], **extra)
 
 
 def write_tiny_qwen3_5_config(path: str | Path, **kw) -> Path:
@@ -181,10 +186,11 @@ def main(argv=None):
     ap.add_argument("--qwen3-5", choices=("dense", "moe"), default=None,
                     help="a tiny Qwen3.5 config.json instead (for load_format='dummy')")
     a = ap.parse_args(argv)
-    if a.mtp and (a.qwen3_5 or a.full_size):
-        ap.error("--mtp goes with the tiny Qwen3-Next only")
+    if a.mtp and a.full_size:
+        ap.error("--mtp goes with the tiny models only")
     if a.qwen3_5:
-        print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe"))
+        print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe",
+                                        mtp=a.mtp))
     elif a.layers is not None and not a.full_size:
         ap.error("--layers goes with --full-size")
     elif a.full_size:

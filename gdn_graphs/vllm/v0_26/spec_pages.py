@@ -55,7 +55,8 @@ class GDNSpecStateManager(GDNStateManager):
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks,
                                    total_computed_tokens, num_local_computed_tokens,
                                    num_tokens_main_model, apply_admission_cap=False) -> int:
-        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
+        if (new_computed_blocks
+                and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step):
             return self.block_pool.num_gpu_blocks + 1  # as MambaManager: written this step
         held = self.req_to_blocks.get(request_id, ())
         evictable = self._get_num_evictable_blocks(new_computed_blocks)

@@ -44,7 +44,7 @@ def test_spec_steps_need_no_compile_the_warm_up_did_not_do(spec_launches, k):
     dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
     R = k + 2
     torch.manual_seed(0)
-    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096
+    page = (W - 1 + k) * C * 2 + HV * V * K * 4 + 4096  # vLLM's conv state: W - 1 + k positions
     w = torch.randn(C, W).to(dtype) * 0.5
     A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
     max_reqs, max_tokens = 24, 500
@@ -52,7 +52,7 @@ def test_spec_steps_need_no_compile_the_warm_up_did_not_do(spec_launches, k):
     width = 12 + R
     table = torch.arange(1, 1 + max_reqs * width, dtype=torch.int32).view(max_reqs, width)
     _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype,
-                                   page_bytes=page)
+                                   page_bytes=page, conv_extra=k)
     weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
     planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), width,
                                  max_spec_len=1 + k, lookahead=R)
@@ -69,7 +69,8 @@ def test_spec_steps_need_no_compile_the_warm_up_did_not_do(spec_launches, k):
                      torch.zeros(T, HV, V, dtype=dtype), ws)
     engine = set(spec_launches)
     spec_launches.clear()
-    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
+    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page,
+                                     conv_extra=k)[1:])
     assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
                            like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs,
                            max_spec_len=1 + k, lookahead=R)

@@ -33,7 +33,7 @@ from gdn_graphs.vllm import enabled
 from gdn_graphs.vllm.builder import GDNResources, StepBuilder, spec_lookahead
 from gdn_graphs.vllm.slots import plan_block_size
 from gdn_graphs.vllm.v0_26.config import ARCHS
-from gdn_graphs.vllm.v0_26.pages import cache_views
+from gdn_graphs.vllm.v0_26.pages import cache_views, kernel_conv_view
 from gdn_graphs.vllm.v0_26.state_pages import state_spec
 from gdn_graphs.vllm.warmup import warm_up_kernels
 
@@ -275,7 +275,8 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
             _, conv, ssm = cache_views(1, w.conv_weight.size(0), w.conv_weight.size(1), HV, V, K,
                                        mixed_qkv.dtype, state_dtype,
                                        self._cache_config.mamba_page_size_padded,
-                                       is_conv_state_dim_first(), mixed_qkv.device)
+                                       is_conv_state_dim_first(), mixed_qkv.device,
+                                       conv_extra=self.num_spec)
             warm_up_kernels(HK, HV, K, V, w.conv_weight, w.A_log, w.dt_bias, mixed_qkv.dtype,
                             state_dtype, self._workspace(mixed_qkv), like=(mixed_qkv, a, b),
                             pools=GDNPools(conv, ssm), max_decode_rows=self._max_reqs,
@@ -297,9 +298,11 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
             self._warm_up(mixed_qkv, a, b)
             return
         step = md[self.prefix].step
-        conv, ssm = self.kv_cache[0], self.kv_cache[1]
-        if not is_conv_state_dim_first():
-            conv = conv.transpose(-1, -2)  # [blocks, conv_dim, W-1], a strided view: no copy
+        # [blocks, conv_dim, W-1], a strided view: no copy (vLLM's has k more positions with
+        # speculative decoding, which the kernels leave alone: pages.py)
+        conv = kernel_conv_view(self.kv_cache[0], self.conv1d.weight.size(-1),
+                                is_conv_state_dim_first())
+        ssm = self.kv_cache[1]
         ws = self._workspace(mixed_qkv) if step.num_prefill_tokens else None
         run_gdn_core(mixed_qkv, a, b, self._weights(), GDNPools(conv, ssm), step, core_attn_out, ws,
                      self._layer_index)

@@ -39,6 +39,8 @@ class GDNSpecStateManager(GDNStateManager):
     """GDNStateManager for the lookahead layout: a step ending at N tokens (drafts included)
     holds private pages in columns (N - 1) // B .. cdiv(N, B) + R - 1."""
 
+    lookahead_layout = True
+
     def __init__(self, kv_cache_spec, block_pool, **kwargs) -> None:
         super().__init__(kv_cache_spec, block_pool, **kwargs)
         self._private: dict[str, int] = {}  # the first private column of the last allocation

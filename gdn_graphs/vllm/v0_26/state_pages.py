@@ -172,10 +172,12 @@ def pool_stats(block_pool) -> PageStats:
 class GDNStateManager(MambaManager):
     """vLLM's MambaManager (mode "all": lookups, caching, hashes) with gdn_graphs' page rules."""
 
+    lookahead_layout = False  # speculative decoding's pages (spec_pages.GDNSpecStateManager)
+
     def __init__(self, kv_cache_spec: GDNStateSpec, block_pool, **kwargs) -> None:
         super().__init__(kv_cache_spec, block_pool, **kwargs)
-        if self.mamba_cache_mode != "all" or (self.num_speculative_blocks and type(self).__name__
-                                              != "GDNSpecStateManager"):
+        if self.mamba_cache_mode != "all" or (self.num_speculative_blocks
+                                              and not self.lookahead_layout):
             raise ValueError("GDNStateManager serves mode 'all' without speculative blocks "
                              "(GDNSpecStateManager serves them)")
         self.stats = pool_stats(block_pool)

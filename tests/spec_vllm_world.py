@@ -123,7 +123,9 @@ class SpecWorld:
         for i, (rid, *_) in enumerate(rows):
             ids = self.tables[rid][g]
             table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        step = self.builders[g].build(qsl, seq_lens, table, len(rows))
+        # what vLLM's model runner passes as num_decode_draft_tokens_cpu
+        drafts = np.array([len(r[5]) if r[5] and r[2] == len(r[5]) + 1 else -1 for r in rows])
+        step = self.builders[g].build(qsl, seq_lens, table, len(rows), drafts=drafts)
         slots = self._slots(step, rows)
         writes = {}
         for i, (rid, n, q, seq, base, drafts) in enumerate(rows):

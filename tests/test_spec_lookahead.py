@@ -126,3 +126,22 @@ def test_lookahead_planner_refuses_what_it_cannot_place():
     assert step.host.spec_read == (1 + 62 % 4, 8 + 1 + 5 % 4)
     assert step.num_spec_tokens == 4 and step.spec_len == 3
     assert step.spec_cu[:3].tolist() == [0, 3, 4]
+
+
+def test_vllm_builder_refuses_a_verifying_row_after_a_long_row():
+    """vLLM sorts rows of up to 1 + k tokens first; were a row with drafts to come after a longer
+    one, it would run as a prefill row and lose the states after its drafts: refused."""
+    import numpy as np
+
+    from gdn_graphs.vllm.builder import GDNResources, StepBuilder
+
+    k = 3
+    sb = StepBuilder(GDNResources(max_reqs=4, max_tokens=512, num_spec_tokens=k), B, 8 + k + 2,
+                     0, torch.device("cpu"))
+    table = torch.arange(1, 1 + 2 * (8 + k + 2), dtype=torch.int32).view(2, 8 + k + 2)
+    qsl = np.array([0, 4, 304])
+    ok = sb.build(qsl, np.array([104, 300]), table, 2, drafts=np.array([3, -1]))
+    assert (ok.num_spec, ok.spec_len, ok.num_prefill_tokens) == (1, 4, 300)
+    with pytest.raises(ValueError, match="row 1 verifies drafts but comes after"):
+        sb.build(np.array([0, 300, 304]), np.array([300, 104]), table, 2,
+                 drafts=np.array([-1, 3]))

@@ -38,6 +38,10 @@ def test_ngram_is_accepted_in_mode_all_with_lookahead_pages(vllm_cpu):
     plain = _engine_config(vllm_cpu, enable_prefix_caching=True)
     assert (GDNGraphsBuilder.get_cudagraph_support(plain, None)
             == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE)
+    # vLLM's model runner passes num_decode_draft_tokens_cpu to the builders it takes for GDN
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+    assert issubclass(GDNGraphsBuilder, GDNAttentionMetadataBuilder)
+    assert GDNAttentionMetadataBuilder not in GDNGraphsBuilder.__mro__  # nothing inherited
 
 
 @pytest.mark.vllm

@@ -83,7 +83,7 @@ class StepBuilder:
         self.max_spec_len = resources.max_spec_len
 
     def build(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_table: torch.Tensor,
-              num_reqs: int) -> GDNStep:
+              num_reqs: int, drafts: np.ndarray | None = None) -> GDNStep:
         """query_start_loc [rows + 1] and seq_lens [>= rows] on the host (tokens computed before
         the step = seq_lens - scheduled), the group's block table on the device; a pure decode
         step is padded to ``num_reqs`` decode rows (the CUDA-graph bucket). With speculative
@@ -91,12 +91,23 @@ class StepBuilder:
         up to 1 + k tokens first: its reorder_batch_threshold), so a verifying row, a decode
         without drafts and a prefill chunk that short all store the state after each token in
         the lookahead layout; a step of such rows alone, of one length, is padded to
-        ``num_reqs`` rows."""
+        ``num_reqs`` rows. drafts: vLLM's ``num_decode_draft_tokens_cpu`` where it passes it (the
+        drafts each row verifies, -1 for none): a row with drafts outside the spec rows (which
+        would lose the states after its drafts) raises ValueError."""
         rows = len(query_start_loc) - 1
         q = query_start_loc[1:] - query_start_loc[:-1]
         n = seq_lens[:rows] - q
+        spec_rows = self.spec_rows(q)
+        if drafts is not None:
+            late = np.flatnonzero(np.asarray(drafts[:rows]) > 0)
+            late = late[late >= spec_rows]
+            if len(late):
+                raise ValueError(f"gdn_graphs: row {int(late[0])} verifies drafts but comes after "
+                                 f"a row of more than 1 + k = {self.max_spec_len} tokens; the "
+                                 f"builder needs every verifying row first (vLLM's reorder with "
+                                 f"reorder_batch_threshold >= 1 + k)")
         return self.planner.plan(query_start_loc, n, block_table, pad_decodes_to=num_reqs,
-                                 slots=self.slots, spec_rows=self.spec_rows(q))
+                                 slots=self.slots, spec_rows=spec_rows)
 
     def spec_rows(self, q: np.ndarray) -> int:
         """The leading rows of 1 .. max_spec_len tokens (0 without speculative decoding)."""

@@ -186,9 +186,14 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
                                  num_spec_decodes=step.num_spec)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False, **_: Any) -> GDNGraphsMetadata:
+              num_accepted_tokens=None, num_decode_draft_tokens_cpu=None, fast_build: bool = False,
+              **_: Any) -> GDNGraphsMetadata:
+        # vLLM passes the draft counts to GDN builders (we are registered as one, install_layer);
+        # the accepted counts are not needed: each row's computed tokens already say them
         m = common_attn_metadata
-        return self._metadata(self._steps.build(*self._args(m)), m)
+        drafts = (num_decode_draft_tokens_cpu.numpy()
+                  if num_decode_draft_tokens_cpu is not None else None)
+        return self._metadata(self._steps.build(*self._args(m), drafts=drafts), m)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         m = common_attn_metadata
@@ -309,11 +314,18 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
 
 
 def install_layer() -> None:
-    """Swap vLLM's Qwen GDN layer for ours at instantiation (idempotent)."""
+    """Swap vLLM's Qwen GDN layer for ours at instantiation (idempotent), and make our builder
+    count as a GDN builder where vLLM's model runner picks the builders it passes the draft counts
+    to (``isinstance(builder, GDNAttentionMetadataBuilder)``; a virtual subclass: nothing of
+    vLLM's builder is inherited)."""
     from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
     if op_registry_oot.get("QwenGatedDeltaNetAttention") is not GDNGraphsQwenGDN:
         op_registry_oot.pop("QwenGatedDeltaNetAttention", None)
         QwenGatedDeltaNetAttention.register_oot(GDNGraphsQwenGDN)
+    if not issubclass(GDNGraphsBuilder, GDNAttentionMetadataBuilder):
+        GDNAttentionMetadataBuilder.register(GDNGraphsBuilder)
 
 
 install_layer()

@@ -61,7 +61,7 @@ class SpecWorld:
         self.truth: dict[str, list[int]] = {}             # request -> its true outputs
         self.accepted: list[tuple[int, int]] = []         # (drafts, accepted) of each spec row
         self.hits: dict[str, int] = {}
-        self.steps = 0
+        self.steps = self.preempted = 0
 
     # ------------------------------------------------------------------------------ requests
 
@@ -76,6 +76,7 @@ class SpecWorld:
     def step(self):
         out = self.sched.schedule()
         self.steps += 1
+        self.preempted += len(out.preempted_req_ids or ())
         if not out.num_scheduled_tokens:
             return out
         self._update_tables(out)

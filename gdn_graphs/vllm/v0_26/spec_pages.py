@@ -80,8 +80,7 @@ class GDNSpecStateManager(GDNStateManager):
         if request_id not in self._freed_upto:  # admitted without a prefix hit
             self._admitted(request_id, 0)
         private = max(first, self._first_private(num_tokens_main_model))
-        # checkpoints (boundaries inside a prefill chunk, before the private columns): slack only
-        keep = {j for j in self._keep(request_id, first, private + 1) if j < private}
+        keep = self._spec_keep(request_id, first, private, end)
         pages = iter(self.block_pool.get_new_blocks(len(keep) + end - private))
         added = [next(pages) if j in keep or j >= private else self._null_block
                  for j in range(first, end)]
@@ -92,6 +91,19 @@ class GDNSpecStateManager(GDNStateManager):
         self.stats.ckpt_skipped += private - first - len(keep)
         self.stats.add_held(len(keep) + end - private)
         return added
+
+    def _spec_keep(self, request_id, first: int, private: int, end: int) -> set[int]:
+        """The checkpoint columns (boundaries inside a prefill chunk, before the private ones)
+        that get a page: only from the slack left once every GDN group has this step's private
+        pages and attention its new columns (counted as many as ours: safe), shared equally by
+        the groups; the same in every group (``_shared``)."""
+        def decide():
+            n = len(self.stats.managers)
+            wanted = self._checkpoints(request_id, first, private)
+            slack = (self.block_pool.get_num_free_blocks() - self._reserve(request_id)
+                     - (end - first) - n * (end - private))
+            return set(wanted[:max(slack // n, 0)])
+        return self._shared("keep", request_id, (first, end), decide)
 
     def _fill_junction(self, request) -> None:
         """A junction page only in a checkpoint column (a private page is not the request's to

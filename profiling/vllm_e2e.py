@@ -12,12 +12,17 @@ Scenarios:
   repeat  a prompt of --prefix-len tokens + a 100-token tail, generated three times
   shared  prompt A = S + tail A, then prompt B = S + tail B (S = --shared-len tokens)
   system  a system prompt of --system-len tokens + three different 200-token questions, in turn
+  chat    a three-turn conversation: turn 1 a --chat-len prompt, each later turn's prompt = the
+          previous prompt + its answer (--chat-gen tokens) + a new 60-token question; expected
+          reuse: every whole block of the previous prompt and answer
   ttft    a fresh --ttft-len prompt cold, then again warm: time to first token each
   decode  --decode-batch prompts of 256 tokens, --decode-tokens generated each: decode tokens/s
   abort   four requests at once through the engine's own loop: one aborted mid-prefill (a prompt
           longer than two steps' token budget, aborted after its first step), one aborted
           mid-decode (after 3 tokens), two that run on; the survivors' tokens must equal what
           each generates alone
+  (--spec ngram|mtp --spec-k K: speculative decoding; the JSON then holds vLLM's spec-decode
+  counters after each scenario, ``spec_stats_after``)
   load    requests arriving over time into a KV cache sized for a few of them, half sharing a
           system prompt, some with a second turn (profiling/vllm_load.py; --load-* flags):
           throughput, preemptions, TTFT/TPOT percentiles, reuse, GDN page stats
@@ -93,6 +98,46 @@ def triton_compiles_since(t0):
     return sorted(found)
 
 
+SPEC_PREFIX = "vllm:spec_decode"
+
+
+def spec_stats(llm) -> dict | None:
+    """vLLM's speculative-decoding counters so far (drafts, draft tokens, accepted tokens, and
+    accepted tokens per draft position), from ``LLM.get_metrics()``."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception as e:  # metrics off or another vLLM: say so in the results
+        return {"error": repr(e)}
+    out = {}
+    for m in metrics:
+        if m.name.startswith(SPEC_PREFIX):
+            v = getattr(m, "values", None)
+            out[m.name[len("vllm:"):]] = list(v) if v is not None else getattr(m, "value", None)
+    return out
+
+
+def speculative_config(method: str, k: int) -> dict | None:
+    if method == "none":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+                "prompt_lookup_min": 2}
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def chat_scenario(rng, vocab, a, run, whole_blocks):
+    """Three turns; each later prompt = the previous prompt + its answer + a new question."""
+    prompt, runs, expected = ids(rng, a.chat_len, vocab), [], []
+    for turn in range(3):
+        r = run(prompt, a.chat_gen)
+        runs.append(r)
+        prev = prompt + r["tokens"]
+        prompt = prev + ids(rng, 60, vocab)
+        # the last answer token is never fed back: prev - 1 tokens are cached at most
+        expected.append(whole_blocks(len(prev) - 1, len(prompt)))
+    return {"runs": runs, "expected_reuse_per_turn": [None] + expected[:2]}
+
+
 def abort_scenario(llm, rng, vocab, max_batched, gen, greedy, run):
     """Aborts mid-prefill and mid-decode next to requests that run on (see the module docstring);
     the survivors are first run alone, so together they also hit the prefix cache."""
@@ -144,6 +189,11 @@ def main(argv=None):
     ap.add_argument("--system-len", type=int, default=3000)
     ap.add_argument("--ttft-len", type=int, default=16000)
     ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--chat-len", type=int, default=1000)
+    ap.add_argument("--chat-gen", type=int, default=400)
+    ap.add_argument("--spec", choices=("none", "ngram", "mtp"), default="none",
+                    help="speculative decoding: n-gram (prompt lookup) or the checkpoint's MTP")
+    ap.add_argument("--spec-k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
@@ -197,6 +247,7 @@ def main(argv=None):
               disable_log_stats=False,
               kv_cache_memory_bytes=kv_bytes,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
+              speculative_config=speculative_config(a.spec, a.spec_k),
               **({"language_model_only": True} if a.language_model_only else {}))
     start_s = time.perf_counter() - t0
     t_up = time.time()  # wall clock, to compare with file times
@@ -209,7 +260,9 @@ def main(argv=None):
            "kv_cache_bytes": kv_bytes, "gdn_prefill_backend": backend, "num_gpu_blocks": getattr(cc, "num_gpu_blocks", None),
            "max_model_len": vcfg.model_config.max_model_len,
            "mamba_block_size": cc.mamba_block_size, "mamba_cache_mode": cc.mamba_cache_mode,
-           "cudagraph_mode": str(vcfg.compilation_config.cudagraph_mode), "scenarios": {}}
+           "cudagraph_mode": str(vcfg.compilation_config.cudagraph_mode), "scenarios": {},
+           "async_scheduling": vcfg.scheduler_config.async_scheduling}
+    spec_after = res["spec_stats_after"] = {} if a.spec != "none" else None
     print(f"engine up in {start_s:.0f} s: mode {cc.mamba_cache_mode}, block {B}", flush=True)
     if a.plugin == "on" and a.prefix_caching == "on" and cc.mamba_cache_mode != "all":
         raise SystemExit(f"the plugin did not take effect: mamba cache mode {cc.mamba_cache_mode}")
@@ -261,6 +314,11 @@ def main(argv=None):
         qs = [s + ids(rng, 200, vocab) for _ in range(3)]
         S["system"] = {"runs": [run(q, a.gen) for q in qs],
                        "expected_reuse": whole_blocks(len(s), len(qs[1])), "shared_len": len(s)}
+    if "chat" in want:
+        marks["chat"] = round(time.time() - t_up, 2)
+        S["chat"] = chat_scenario(rng, vocab, a, run, whole_blocks)
+    if spec_after is not None:
+        spec_after["reuse"] = spec_stats(llm)  # repeat, shared, system and chat
     if "ttft" in want:
         marks["ttft"] = round(time.time() - t_up, 2)
         p = ids(rng, a.ttft_len, vocab)
@@ -307,6 +365,8 @@ def main(argv=None):
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
             S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
                                                      a.gpu_profile)
+    if spec_after is not None:
+        spec_after["decode"] = spec_stats(llm)  # ttft and decode too
     if "abort" in want:
         marks["abort"] = round(time.time() - t_up, 2)
         S["abort"] = abort_scenario(llm, rng, vocab, a.max_batched, a.gen, greedy, run)

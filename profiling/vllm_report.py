@@ -20,6 +20,8 @@ import vllm_load  # noqa: E402
 
 CAPACITY = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+# vLLM's capture progress bars, e.g. "Capturing CUDA graphs (decode, FULL)"
+CAPTURE = re.compile(r"Capturing CUDA graphs \(([\w -]+), (\w+)\)")
 
 
 def first_diff(a, b):
@@ -35,7 +37,8 @@ def our_kernel_names() -> set:
 
     import triton
     names = set()
-    for mod in ("gdn_graphs.ops.decode", "gdn_graphs.ops.conv", "gdn_graphs.ops.chunk"):
+    for mod in ("gdn_graphs.ops.decode", "gdn_graphs.ops.conv", "gdn_graphs.ops.chunk",
+                "gdn_graphs.ops.conv_multi"):
         for attr, obj in vars(importlib.import_module(mod)).items():
             if isinstance(obj, triton.runtime.KernelInterface):
                 names.add(attr)
@@ -52,7 +55,11 @@ def check(res: dict) -> list:
     * float32 engines generate the same greedy tokens, scenario by scenario, whatever their
       prefix-caching and CUDA-graph settings (bf16 is exempt: near-tied logits flip);
     * in the abort scenario (where run), both aborts happened and the requests that ran on
-      generated exactly what each generates alone.
+      generated exactly what each generates alone;
+    * with speculative decoding (issue 12): turns 2 and 3 of the chat scenario reuse every whole
+      block of the previous prompt and answer (plugin, prefix caching on), vLLM reports drafts,
+      and an engine with CUDA graphs on captured FULL decode graphs. Float32 tokens are compared
+      with an engine without speculation where there is one.
     """
     problems, fp32, ours = [], {}, our_kernel_names()
     for name, r in sorted(res.items()):
@@ -66,6 +73,12 @@ def check(res: dict) -> list:
                     if any(g != sc[key]["expected_reuse"] for g in got):
                         problems.append(f"{name}: {key} reused {got}, expected "
                                         f"{sc[key]['expected_reuse']} each")
+            if "chat" in sc:
+                got = [x["num_cached_tokens"] for x in sc["chat"]["runs"]][1:]
+                if got != sc["chat"]["expected_reuse_per_turn"][1:]:
+                    problems.append(f"{name}: chat turns 2, 3 reused {got}, expected "
+                                    f"{sc['chat']['expected_reuse_per_turn'][1:]}")
+        problems += spec_problems(name, r)
         ab = sc.get("abort")
         if ab is not None:
             if set(ab["aborted"]) != {"abort_prefill", "abort_decode"}:
@@ -85,11 +98,39 @@ def check(res: dict) -> list:
     for name, r in sorted(res.items()):
         problems += vllm_load.check(name, r, r["config"].get("plugin") == "on")
     names = sorted(fp32)
-    for n in names[1:]:
-        for key in sorted(set(fp32[n]) & set(fp32[names[0]])):
-            if fp32[n][key] != fp32[names[0]][key]:
-                problems.append(f"{n}: float32 tokens of {key!r} differ from {names[0]}")
+    base = next((n for n in names if res[n]["config"].get("spec", "none") == "none"), None)
+    base = base or (names[0] if names else None)
+    for n in names:
+        for key in sorted(set(fp32[n]) & set(fp32[base])) if n != base else ():
+            for i, (x, y) in enumerate(zip(fp32[n][key], fp32[base][key])):
+                d = first_diff(x, y)
+                if d is not None:
+                    problems.append(f"{n}: float32 tokens of {key!r} run {i} differ from {base} "
+                                    f"at position {d} (top-2 margin there: "
+                                    f"{_margin(res[n], key, i, d)} / {_margin(res[base], key, i, d)})")
     return problems
+
+
+def _margin(r: dict, key: str, run: int, pos: int):
+    sc = r["scenarios"][key]
+    runs = sc["runs"] if "runs" in sc else [sc["cold"], sc["warm"]]
+    m = runs[run].get("top2_margins") or []
+    return round(m[pos], 5) if pos < len(m) and m[pos] is not None else None
+
+
+def spec_problems(name: str, r: dict) -> list:
+    """Issue 12's checks of one engine with speculative decoding (none for the others)."""
+    c = r["config"]
+    if c.get("spec", "none") == "none":
+        return []
+    out = []
+    stats = (r.get("spec_stats_after") or {}).get("decode") or {}
+    drafts = stats.get("spec_decode_num_drafts")
+    if not drafts:
+        out.append(f"{name}: vLLM reports no speculative drafts ({stats})")
+    if c.get("graphs") == "on" and ("decode", "FULL") not in r.get("captures", ()):
+        out.append(f"{name}: no FULL decode CUDA graphs captured (captures: {r.get('captures')})")
+    return out
 
 
 def load(d) -> dict:
@@ -99,6 +140,7 @@ def load(d) -> dict:
     for name, r in res.items():
         log = Path(d) / f"{name}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
+        r["captures"] = sorted(set(CAPTURE.findall(text)))
         m, c = CAPACITY.search(text), CONCURRENCY.search(text)
         if m and c:
             r["capacity"] = {"tokens": int(m.group(1).replace(",", "")),
@@ -126,6 +168,34 @@ def print_load_and_capacity(res: dict, summary: dict) -> None:
                   f"{L['reused_tokens']} (shared hit {L['shared_hit_fraction']}), GDN pages peak "
                   f"{g.get('peak_held', '-')} evictable {g.get('evictable', '-')} in place "
                   f"{g.get('in_place', '-')}")
+
+
+def print_spec(res: dict, summary: dict) -> None:
+    """Speculative decoding per engine: acceptance (vLLM's counters), chat reuse per turn, the
+    CUDA graphs captured."""
+    for name, r in res.items():
+        spec = r["config"].get("spec", "none")
+        chat = r["scenarios"].get("chat")
+        row = summary["configs"][name]
+        if chat:
+            row["chat"] = {"got": [x["num_cached_tokens"] for x in chat["runs"]],
+                           "expected": chat["expected_reuse_per_turn"],
+                           "prompt_lens": [x["prompt_len"] for x in chat["runs"]]}
+        if spec == "none" and not chat:
+            continue
+        st = (r.get("spec_stats_after") or {}).get("decode") or {}
+        drafts, toks = st.get("spec_decode_num_drafts"), st.get("spec_decode_num_draft_tokens")
+        acc = st.get("spec_decode_num_accepted_tokens")
+        row["spec"] = {"method": spec, "k": r["config"].get("spec_k"), "drafts": drafts,
+                       "draft_tokens": toks, "accepted": acc,
+                       "accepted_per_pos": st.get("spec_decode_num_accepted_tokens_per_pos"),
+                       "acceptance_rate": round(acc / toks, 4) if acc and toks else None,
+                       "captures": r.get("captures"),
+                       "async_scheduling": r.get("async_scheduling")}
+        print(f"{name}: spec {spec} k={r['config'].get('spec_k')}: drafts {drafts}, draft tokens "
+              f"{toks}, accepted {acc} (per position {row['spec']['accepted_per_pos']}); chat "
+              f"reuse {row.get('chat', {}).get('got')} of {row.get('chat', {}).get('expected')}; "
+              f"captures {r.get('captures')}")
 
 
 def main(argv=None):
@@ -216,6 +286,7 @@ def main(argv=None):
         print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     print_load_and_capacity(res, summary)
+    print_spec(res, summary)
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     if a.check:

@@ -17,6 +17,10 @@
 #   bash profiling/vllm_session.sh layout80      # issues 13/16: the 80B-A3B layout with 8 layers
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
+#   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
+#                                                # fp32 plugin without spec / ngram k=3 / MTP k=2,
+#                                                # bf16 plugin ngram vs vLLM's own mode ngram
+#   bash profiling/vllm_session.sh spec_qwen3_5  # issue 12: tiny Qwen3.5 dense with MTP k=2
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
 set -u
@@ -162,6 +166,35 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --scenarios shared,system,ttft \
           --ttft-len 16000 &
     done
+    wait ;;
+  spec)  # issue 12, five engines side by side (one device call): float32 tiny Qwen3-Next with its
+    # MTP layer (tools/tiny_model.py --mtp; the main weights are M32's), prefix caching on: the
+    # plugin without speculation (the token reference), with n-gram k=3, with MTP k=2; bf16: the
+    # plugin and vLLM's own "align" mode, both n-gram k=3 (reuse, acceptance, decode tok/s)
+    MM=/tmp/tiny_qwen3_next_fp32_mtp
+    [ -d $MM ] || python3 -m tools.tiny_model $MM --dtype float32 --mtp > /dev/null 2>&1
+    sc="--scenarios shared,system,chat,decode --shared-len 4000 --system-len 1500 --gen 64"
+    sc="$sc --chat-len 1000 --chat-gen 400 --decode-batch 16 --decode-tokens 256"
+    kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
+    e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
+    e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram --spec-k 3 $kv &
+    e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
+    e2e bf16_plugin_ngram3  $M16 --dtype bfloat16 --plugin on  --spec ngram --spec-k 3 $kv &
+    e2e bf16_vllm_ngram3    $M16 --dtype bfloat16 --plugin off --spec ngram --spec-k 3 $kv &
+    wait ;;
+  spec_qwen3_5)  # issue 12: tiny Qwen3.5 dense (config with one MTP layer, dummy weights), text
+    # model only: fp32 plugin without / with MTP k=2 (tokens, reuse), bf16 plugin vs vLLM's own
+    # mode with MTP k=2 (vLLM's own GDN prefill refuses fp32)
+    MQ=/tmp/tiny_qwen3_5_dense_mtp
+    [ -d $MQ ] || python3 -m tools.tiny_model $MQ --qwen3-5 dense --mtp > /dev/null 2>&1
+    sc="--scenarios shared,system,chat,decode --shared-len 4000 --system-len 1500 --gen 64"
+    sc="$sc --chat-len 1000 --chat-gen 400 --decode-batch 16 --decode-tokens 256"
+    kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
+    q35="--load-format dummy --language-model-only"
+    e2e fp32_q35_plugin_nospec $MQ $q35 --dtype float32 --plugin on $kv &
+    e2e fp32_q35_plugin_mtp2   $MQ $q35 --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
+    e2e bf16_q35_plugin_mtp2   $MQ $q35 --dtype bfloat16 --plugin on --spec mtp --spec-k 2 $kv &
+    e2e bf16_q35_vllm_mtp2     $MQ $q35 --dtype bfloat16 --plugin off --spec mtp --spec-k 2 $kv &
     wait ;;
   load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
     for who in ${WHO:-plugin vllm}; do

@@ -20,19 +20,22 @@ HK, HV, K, V, W = 1, 2, 16, 16, 4
 C = 2 * HK * K + HV * V
 
 
-def vllm_pages(num_blocks, dtype, state_dtype, pad_bytes=96):
-    """Pages padded past the content (vLLM pads them to the attention page)."""
+def vllm_pages(num_blocks, dtype, state_dtype, pad_bytes=96, conv_extra=0):
+    """Pages padded past the content (vLLM pads them to the attention page); ``conv_extra``: the
+    k more conv positions vLLM's pages have with speculative decoding."""
     bits = torch.finfo(dtype).bits // 8, torch.finfo(state_dtype).bits // 8
-    page = (W - 1) * C * bits[0] + HV * V * K * bits[1] + pad_bytes
-    return cache_views(num_blocks, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    page = (W - 1 + conv_extra) * C * bits[0] + HV * V * K * bits[1] + pad_bytes
+    return cache_views(num_blocks, C, W, HV, V, K, dtype, state_dtype, page_bytes=page,
+                       conv_extra=conv_extra)
 
 
-@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32),
-                                               (torch.bfloat16, torch.bfloat16)])
-def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype):
+@pytest.mark.parametrize("dtype,state_dtype,conv_extra", [
+    (torch.float32, torch.float32, 0), (torch.bfloat16, torch.bfloat16, 0),
+    (torch.bfloat16, torch.float32, 3)])
+def test_core_on_vllm_pages_equals_contiguous(dtype, state_dtype, conv_extra):
     torch.manual_seed(0)
     B, nb = 64, 24
-    raw, conv_v, ssm_v = vllm_pages(nb, dtype, state_dtype)
+    raw, conv_v, ssm_v = vllm_pages(nb, dtype, state_dtype, conv_extra=conv_extra)
     conv_v.copy_(torch.randn(conv_v.shape).to(dtype))
     ssm_v.copy_(torch.randn(ssm_v.shape).to(state_dtype) * 0.1)
     conv_c, ssm_c = conv_v.contiguous(), ssm_v.contiguous()
@@ -78,3 +81,23 @@ def test_warm_up_launches_once_and_touches_no_slot():
     assert warmup.warm_up_kernels(*args, done=set()) is True   # the record is the caller's
     with pytest.raises(ValueError, match="channels"):
         warmup.warm_up_kernels(HK, HV, K, V + 1, w, *args[5:])
+
+
+@pytest.mark.parametrize("dim_first", [False, True])
+def test_kernel_conv_view_is_the_first_window_positions_of_vllms_state(dim_first):
+    """vLLM's conv state with speculative decoding has W - 1 + k positions; the kernels get the
+    first W - 1 as a view (writes through it land in vLLM's tensor, the other k stay)."""
+    from gdn_graphs.vllm.v0_26.pages import kernel_conv_view
+
+    k = 2
+    state = torch.randn(5, C, W - 1 + k) if dim_first else torch.randn(5, W - 1 + k, C)
+    keep = state.clone()
+    view = kernel_conv_view(state, W, dim_first)
+    assert view.shape == (5, C, W - 1)
+    want = keep if dim_first else keep.transpose(-1, -2)
+    assert torch.equal(view, want[..., :W - 1])
+    view.fill_(7.0)
+    rest = state[..., W - 1:] if dim_first else state[:, W - 1:, :]
+    assert torch.equal(rest, keep[..., W - 1:] if dim_first else keep[:, W - 1:, :])
+    with pytest.raises(ValueError, match="conv state of 2 positions"):
+        kernel_conv_view(torch.zeros(5, C, 2), W, True)

@@ -47,8 +47,9 @@ def test_fp32_token_difference_is_caught_bf16_is_not(report, correctness):
     res = copy.deepcopy(correctness)
     res["fp32_plugin_pc_eager"]["scenarios"]["repeat"]["runs"][2]["tokens"][5] += 1
     res["bf16_plugin_pc_graphs"]["scenarios"]["repeat"]["runs"][2]["tokens"][5] += 1
-    assert report.check(res) == ["fp32_plugin_pc_eager: float32 tokens of 'repeat' differ from "
-                                 "fp32_plugin_nopc_eager"]
+    [msg] = report.check(res)
+    assert msg.startswith("fp32_plugin_pc_eager: float32 tokens of 'repeat' run 2 differ from "
+                          "fp32_plugin_nopc_eager at position 5 (top-2 margin there: ")
 
 
 def test_late_compile_of_our_kernel_is_caught(report, correctness):
@@ -83,3 +84,49 @@ def test_abort_scenario_failures_are_caught(report, correctness):
         "fp32_plugin_pc_graphs: abort scenario aborted ['abort_prefill']",
         "fp32_plugin_pc_graphs: abort scenario: the requests that ran on did not generate what "
         "they generate alone"]
+
+
+def _spec_engine(res, name="fp32_plugin_pc_graphs", method="ngram"):
+    """A recorded engine dressed as one with speculation: chat turns with exact reuse, drafts
+    reported, FULL decode graphs captured (what a passing issue-12 run shows)."""
+    r = res[name]
+    r["config"] = dict(r["config"], spec=method, spec_k=3)
+    B = r["block_size"]
+    runs = [{"tokens": [1, 2], "num_cached_tokens": c, "prompt_len": p, "top2_margins": [1, 1]}
+            for c, p in ((0, 1000), (5 * B, 1462), (7 * B, 1924))]
+    r["scenarios"]["chat"] = {"runs": runs, "expected_reuse_per_turn": [None, 5 * B, 7 * B]}
+    r["spec_stats_after"] = {"decode": {"spec_decode_num_drafts": 40,
+                                        "spec_decode_num_draft_tokens": 120,
+                                        "spec_decode_num_accepted_tokens": 30}}
+    r["captures"] = [("decode", "FULL"), ("mixed prefill-decode", "PIECEWISE")]
+    return r
+
+
+def test_speculative_engine_checks(report, correctness):
+    res = copy.deepcopy(correctness)
+    r = _spec_engine(res)
+    assert report.check(res) == []
+    r["scenarios"]["chat"]["runs"][2]["num_cached_tokens"] -= r["block_size"]
+    r["spec_stats_after"]["decode"]["spec_decode_num_drafts"] = 0
+    r["captures"] = [("mixed prefill-decode", "PIECEWISE")]
+    probs = report.check(res)
+    assert [p.split(":")[1].strip()[:24] for p in probs] == [
+        "chat turns 2, 3 reused [", "vLLM reports no speculat", "no FULL decode CUDA grap"], probs
+
+
+def test_float32_tokens_are_compared_with_the_engine_without_speculation(report, correctness):
+    res = copy.deepcopy(correctness)
+    _spec_engine(res, "fp32_plugin_nopc_eager")  # sorts first: no longer the reference
+    res["fp32_plugin_nopc_eager"]["scenarios"]["repeat"]["runs"][1]["tokens"][3] += 1
+    [msg] = report.check(res)
+    assert msg.startswith("fp32_plugin_nopc_eager: float32 tokens of 'repeat' run 1 differ from "
+                          "fp32_plugin_nopc_graphs at position 3"), msg
+
+
+def test_capture_lines_are_read_from_the_log(report, tmp_path):
+    import json
+    (tmp_path / "x.json").write_text(json.dumps({"config": {}, "scenarios": {}}))
+    (tmp_path / "x.log").write_text("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"
+                                    "Capturing CUDA graphs (decode, FULL): 100%|###| 7/7\n")
+    assert report.load(tmp_path)["x"]["captures"] == [("decode", "FULL"),
+                                                      ("mixed prefill-decode", "PIECEWISE")]

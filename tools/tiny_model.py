@@ -4,6 +4,13 @@ Qwen3.5 configs (config.json only, for vLLM's ``load_format="dummy"``).
 Layout (issue 5): hidden 256, 4 layers with the 4th full attention, linear-attention heads 4 key /
 8 value of dim 64, 4 experts, max_position_embeddings 32768. Prompts are passed as token ids.
 Qwen3.5 gets the same text layout (experts only in its MoE variant) and a one-block vision tower.
+
+``--mtp`` adds one multi-token-prediction layer (``num_nextn_predict_layers = 1``, what vLLM's
+``qwen3_next_mtp`` reads) with random weights under the names vLLM's ``Qwen3NextMTP`` loads:
+``mtp.fc`` [hidden, 2 * hidden], ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``,
+``mtp.norm`` and ``mtp.layers.0.*``, a full-attention MoE decoder layer laid out as the model's
+own (vLLM maps ``mtp.`` to its draft model's ``model.`` and shares ``embed_tokens`` and
+``lm_head`` with the target).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import json
 from pathlib import Path
 
 __all__ = ["tiny_config", "full_size_config", "make_tiny_qwen3_next", "write_full_size_config",
-           "tiny_qwen3_5_config", "write_tiny_qwen3_5_config"]
+           "tiny_qwen3_5_config", "write_tiny_qwen3_5_config", "mtp_weights"]
 
 _TEXT = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
              layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
@@ -33,19 +40,24 @@ def tiny_config(dtype: str = "bfloat16", vocab_size: int = 4096):
 
 
 def tiny_qwen3_5_config(dtype: str = "bfloat16", moe: bool = False, vocab_size: int = 4096,
-                        ssm_dtype: str | None = None):
+                        ssm_dtype: str | None = None, mtp: bool = False):
     """Qwen3.5 (``moe``: Qwen3.5-MoE) with the tiny text layout above and a one-block vision tower.
-    ``ssm_dtype``: the checkpoint's ``mamba_ssm_dtype`` (vLLM's own config hook reads it)."""
+    ``ssm_dtype``: the checkpoint's ``mamba_ssm_dtype`` (vLLM's own config hook reads it).
+    ``mtp``: one MTP layer (``mtp_num_hidden_layers``, what vLLM's ``qwen3_5_mtp`` reads; with
+    ``load_format="dummy"`` its weights are random too)."""
     from transformers import Qwen3_5Config, Qwen3_5MoeConfig
 
     text = dict(_TEXT, vocab_size=vocab_size, **(_EXPERTS if moe else {}))
     if ssm_dtype is not None:
         text["mamba_ssm_dtype"] = ssm_dtype
+    if mtp:
+        text["mtp_num_hidden_layers"] = 1
     vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=256)
     cls, arch = ((Qwen3_5MoeConfig, "Qwen3_5MoeForConditionalGeneration") if moe else
                  (Qwen3_5Config, "Qwen3_5ForConditionalGeneration"))
+    extra = {"mtp_num_hidden_layers": 1} if mtp else {}  # (vLLM's n_predict reads the top level)
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=False, torch_dtype=dtype,
-               architectures=[arch])
+               architectures=[arch], **extra)
 
 
 def write_tiny_qwen3_5_config(path: str | Path, **kw) -> Path:
@@ -80,13 +92,16 @@ def write_full_size_config(path: str | Path, dtype: str = "bfloat16", layers: in
 
 
 def make_tiny_qwen3_next(path: str | Path, dtype: str = "bfloat16", seed: int = 0,
-                         weights: bool = True) -> Path:
-    """Write config.json (and random weights unless ``weights=False``) to ``path``."""
+                         weights: bool = True, mtp: bool = False) -> Path:
+    """Write config.json (and random weights unless ``weights=False``) to ``path``; ``mtp``: with
+    one MTP layer (module docstring)."""
     import torch
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(dtype)
+    if mtp:
+        cfg.num_nextn_predict_layers = 1
     if not weights:
         cfg.save_pretrained(path)
         return path
@@ -95,8 +110,65 @@ def make_tiny_qwen3_next(path: str | Path, dtype: str = "bfloat16", seed: int = 
     torch.manual_seed(seed)
     model = Qwen3NextForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(path, safe_serialization=True)
-    (path / "gdn_graphs_tiny.json").write_text(json.dumps({"seed": seed, "dtype": dtype}))
+    if mtp:  # shaped after the tensors as saved (per-expert names, as vLLM loads them)
+        _add_tensors(path, mtp_weights(_saved_tensors(path), cfg, seed))
+    (path / "gdn_graphs_tiny.json").write_text(json.dumps({"seed": seed, "dtype": dtype,
+                                                           "mtp": mtp}))
     return path
+
+
+def mtp_weights(state: dict, cfg, seed: int = 0) -> dict:
+    """Random MTP tensors named as vLLM's Qwen3NextMTP loads them, shaped after the model's own
+    last (full-attention) layer; norms copied (Qwen3-Next's RMSNorm scales by 1 + weight)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    H = cfg.hidden_size
+    last = f"model.layers.{cfg.num_hidden_layers - 1}."
+    if cfg.layer_types[-1] != "full_attention":
+        raise ValueError("the MTP layer copies the layout of a full-attention last layer")
+    like = state[f"{last}input_layernorm.weight"]
+
+    def rand(shape):
+        return (torch.randn(shape, generator=gen) * 0.02).to(like.dtype)
+
+    out = {"mtp.fc.weight": rand((H, 2 * H))}
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{norm}.weight"] = state["model.norm.weight"].clone()
+    for name, t in state.items():
+        if name.startswith(last):
+            rest = name[len(last):]
+            out[f"mtp.layers.0.{rest}"] = t.clone() if "norm" in rest else rand(t.shape)
+    return out
+
+
+def _saved_tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(path.glob("model*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _add_tensors(path: Path, tensors: dict) -> None:
+    """Write ``tensors`` as one more safetensors file and list them in the index (vLLM and
+    transformers read every file the index names)."""
+    from safetensors.torch import save_file
+
+    name = "model-mtp.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / name),
+              metadata={"format": "pt"})
+    index_path = path / "model.safetensors.index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+    else:  # one unsharded file: make an index naming both
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in f.keys()}}
+    index["weight_map"].update({k: name for k in tensors})
+    index_path.write_text(json.dumps(index, indent=2))
 
 
 def main(argv=None):
@@ -109,17 +181,23 @@ def main(argv=None):
                     help="the 80B-A3B layout, config.json only (for load_format='dummy')")
     ap.add_argument("--layers", type=int, default=None,
                     help="with --full-size: that many layers (a multiple of 4), to fit one GPU")
+    ap.add_argument("--mtp", action="store_true",
+                    help="with one MTP layer (vLLM speculative method 'mtp' / 'qwen3_next_mtp')")
     ap.add_argument("--qwen3-5", choices=("dense", "moe"), default=None,
                     help="a tiny Qwen3.5 config.json instead (for load_format='dummy')")
     a = ap.parse_args(argv)
+    if a.mtp and a.full_size:
+        ap.error("--mtp goes with the tiny models only")
     if a.qwen3_5:
-        print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe"))
+        print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe",
+                                        mtp=a.mtp))
     elif a.layers is not None and not a.full_size:
         ap.error("--layers goes with --full-size")
     elif a.full_size:
         print(write_full_size_config(a.path, a.dtype, a.layers))
     else:
-        print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only))
+        print(make_tiny_qwen3_next(a.path, a.dtype, a.seed, weights=not a.config_only,
+                                   mtp=a.mtp))
 
 
 if __name__ == "__main__":

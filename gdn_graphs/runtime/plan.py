@@ -39,7 +39,8 @@ from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, host_chunk_meta, m
                                  max_ckpts_bound)
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
 from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, classify_rows,
-                                     read_block, row_read_slot, spec_write_slots, write_block)
+                                     lookahead_column, lookahead_row_slots, read_block,
+                                     row_read_slot, spec_write_slots, write_block)
 
 __all__ = ["PlanLimits", "StepPlan", "GDNStep", "GDNPlanner"]
 
@@ -72,6 +73,8 @@ class PlanLimits:
     num_slots: int           # slots in the state pools
     max_blocks_per_seq: int  # width of a block-table row
     max_spec_len: int = 0    # tokens of a spec row (1 + k) at most; 0: no spec rows (no buffers)
+    # R of the lookahead layout (step.py), spec rows of any length up to max_spec_len; 0: rings
+    lookahead: int = 0
 
     def __post_init__(self):
         for name in ("max_seqs", "max_tokens", "block_size", "num_slots", "max_blocks_per_seq"):
@@ -84,6 +87,10 @@ class PlanLimits:
         v = self.max_spec_len
         if not _is_int(v) or not 0 <= v <= self.block_size:
             raise ValueError(f"PlanLimits.max_spec_len must be an int in [0, block_size], got {v!r}")
+        R = self.lookahead
+        if not _is_int(R) or (R and (not v or R < v + 1)):
+            raise ValueError(f"PlanLimits.lookahead must be 0 or, with max_spec_len = 1 + k > 0, "
+                             f"at least k + 2 = {v + 1}, got {R!r}")
 
     @property
     def max_chunks(self) -> int:
@@ -225,14 +232,20 @@ class GDNPlanner:
                                            pad_decodes_to, spec, rings, accepted, pad_spec_to)
             self._commit(host, meta_lists)
             self.last_step = self._step(host.padded_decodes, host.padded_spec, host.spec_len,
-                                        host.num_prefill_tokens, host)
+                                        host.num_prefill_tokens, host,
+                                        host.num_tokens - host.num_decodes - host.num_prefill_tokens
+                                        + (host.padded_spec - host.num_spec) * host.spec_len)
             return self.last_step
 
-    def _step(self, nd: int, ns: int, L: int, n_pre: int, host: StepPlan | None) -> GDNStep:
+    def _step(self, nd: int, ns: int, L: int, n_pre: int, host: StepPlan | None,
+              spec_tokens: int | None = None) -> GDNStep:
+        if spec_tokens is not None and spec_tokens == ns * L:
+            spec_tokens = None  # uniform rows: num_spec * spec_len says it
         return GDNStep(num_decodes=nd, num_prefill_tokens=n_pre, decode_read=self.decode_read,
                        decode_write=self.decode_write, prefill=self.prefill, host=host,
                        error_flag=self.error_flag, num_spec=ns, spec_len=L if ns else 0,
-                       spec_read=self.spec_read, spec_write=self.spec_write, spec_cu=self.spec_cu)
+                       spec_read=self.spec_read, spec_write=self.spec_write, spec_cu=self.spec_cu,
+                       spec_tokens=spec_tokens if ns else None)
 
     def template(self, num_decodes: int) -> GDNStep:
         """A step of ``num_decodes`` decode rows over the persistent buffers, whatever they hold:
@@ -256,7 +269,7 @@ class GDNPlanner:
         B = L.block_size
         ns, qs, tables = self._check_rows(num_computed, num_scheduled, block_tables)
         rows = len(ns)
-        d, nsp = classify_rows(qs, spec)
+        d, nsp = classify_rows(qs, spec, varlen=bool(L.lookahead))
         e_spec = d + nsp
         rings, acc = self._check_spec(rows, qs, d, nsp, rings, accepted)
         reads, writes, ckpts = [], [], []
@@ -269,6 +282,9 @@ class GDNPlanner:
 
         def entry(i: int, kind: str, e: int) -> str:  # the table entry a slot came from
             n = ns[i]
+            if L.lookahead and (kind == "read" or d <= i < e_spec or kind == "write"):
+                m = n if kind == "read" else n + 1 + e if kind == "ckpt" else n + qs[i]
+                return f"block table entry {lookahead_column(m, B, L.lookahead)}"
             if d <= i < e_spec and kind != "read":
                 m = n + 1 + e if kind == "ckpt" else n + qs[i]
                 return (f"block table entry {m // B - 1}" if m % B == 0
@@ -281,10 +297,12 @@ class GDNPlanner:
         check_step_slots(reads, writes, ckpts, L.num_slots, where=entry)
         padded = self._padded_rows("pad_decodes_to", pad_decodes_to, d, rows, qs)
         padded_spec = self._padded_rows("pad_spec_to", pad_spec_to, nsp, rows, qs, d)
-        spec_len = qs[d] if nsp else 0
+        spec_len = max(qs[d:e_spec]) if nsp else 0
         if padded_spec and not spec_len:
             raise ValueError("pad_spec_to needs at least one spec row (it sets the row length)")
-        if padded_spec * spec_len + padded + sum(qs[e_spec:]) > L.max_tokens:
+        if padded_spec > nsp and min(qs[d:e_spec]) != spec_len:
+            raise ValueError("pad_spec_to needs spec rows of one length (a graph's rows)")
+        if sum(qs) + (padded_spec - nsp) * spec_len + padded - d > L.max_tokens:
             raise ValueError(f"padded batch exceeds max_tokens={L.max_tokens}")
 
         meta_lists = None
@@ -300,7 +318,7 @@ class GDNPlanner:
         total = sum(qs)
         host = StepPlan(
             num_decodes=d, num_spec=nsp, spec_len=spec_len, padded_spec=padded_spec,
-            num_prefills=rows - e_spec, num_prefill_tokens=total - d - nsp * spec_len,
+            num_prefills=rows - e_spec, num_prefill_tokens=sum(qs[e_spec:]),
             num_tokens=total, padded_decodes=padded, num_chunks=num_chunks, num_ckpts=num_ckpts,
             decode_read=tuple(reads[:d]), decode_write=tuple(writes[:d]),
             prefill_read=tuple(reads[e_spec:]), prefill_write=tuple(writes[e_spec:]),
@@ -320,15 +338,17 @@ class GDNPlanner:
                              f"{len(rings)} and {len(acc)}")
         if nsp and not L.max_spec_len:
             raise ValueError("spec rows need a planner with PlanLimits.max_spec_len > 0")
-        if nsp and qs[d] > L.max_spec_len:
-            raise ValueError(f"row {d}: spec rows of {qs[d]} tokens, more than "
+        longest = max(range(d, d + nsp), key=lambda i: qs[i], default=d)
+        if nsp and qs[longest] > L.max_spec_len:
+            raise ValueError(f"row {longest}: spec rows of {qs[longest]} tokens, more than "
                              f"max_spec_len={L.max_spec_len}")
         for i in range(rows):
             a = acc[i]
             if not _is_int(a) or a < 0:
                 raise ValueError(f"row {i}: accepted must be an int >= 0, got {a!r}")
             acc[i] = int(a)
-            need_ring = d <= i < d + nsp or acc[i] > 0
+            # (the lookahead layout places states by position: no ring, accepted unused)
+            need_ring = (d <= i < d + nsp or acc[i] > 0) and not L.lookahead
             if rings[i] is None:
                 if need_ring:
                     raise ValueError(f"row {i}: needs a ring (a spec row, or accepted > 0)")
@@ -378,6 +398,8 @@ class GDNPlanner:
         if width > L.max_blocks_per_seq:
             raise ValueError(f"row {i}: block table has {width} entries, more than "
                              f"max_blocks_per_seq={L.max_blocks_per_seq}")
+        if L.lookahead:
+            return lookahead_row_slots(i, n, q, row, B, L.lookahead, is_spec)
         last = write_block(n, q, B)
         if last >= width:
             raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} "
@@ -463,12 +485,16 @@ class GDNPlanner:
         o, _ = self._spans["spec_write"]
         st[o:o + S * Lmax] = NO_SLOT
         w = st[o:o + S * Lmax].reshape(S, Lmax)
-        if ns:
-            w[:ns, :L] = np.asarray(step.spec_write, dtype=np.int32).reshape(ns, L)
+        lens = [len(ws) for ws in step.spec_write]
+        for r, ws in enumerate(step.spec_write):  # (rows may differ in length: lookahead layout)
+            w[r, :len(ws)] = ws
         o, _ = self._spans["spec_cu"]
         launched = step.padded_spec
-        cu = np.minimum(np.arange(S + 1), launched) * L
+        # real rows at their lengths, padded rows (one length, a graph) at L each, then repeating
+        cu = np.concatenate(([0], np.cumsum(lens + [L] * (launched - ns)),
+                             np.full(S - launched, sum(lens) + L * (launched - ns))))
         st[o:o + S + 1] = cu
         o, _ = self._spans["spec_accepted"]
         st[o:o + S] = 0
         st[o:o + ns] = step.spec_accepted
+

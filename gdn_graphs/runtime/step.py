@@ -35,19 +35,35 @@ and reads
 
 (``spec_write_slots`` and ``row_read_slot`` implement both). A spec row writes no final slot of
 its own: its last token's entry above is its final state.
+
+Lookahead layout (vLLM with speculative decoding; README "Conventions"). An engine that cannot
+give a request a ring outside its block table (vLLM: a request's pages are its table's columns,
+appended in order) and cannot tell the host how many drafts the previous step accepted keeps
+R >= k + 2 private columns ahead of the current block instead, and places the state after m
+tokens by m alone, for every row kind:
+
+    state after m tokens    table[m // B - 1]                 when m % B == 0 (block slot)
+                            table[m // B + 1 + m % R]         otherwise (``lookahead_column``)
+
+Every row reads the state after n from there and stores its final state there; a spec row also
+stores the state after each of its tokens there; prefill checkpoints stay ``table[p // B - 1]``.
+Spec rows may then have any length 1 .. max_spec_len in one step (the drafts a request got).
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
+from gdn_graphs.constants import NO_SLOT
 from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["read_block", "write_block", "checkpoint_blocks", "classify_rows", "count_decode_rows",
-           "row_read_slot", "spec_write_slots", "StepPlan", "GDNStep"]
+           "row_read_slot", "spec_write_slots", "lookahead_column", "lookahead_row_slots",
+           "StepPlan", "GDNStep"]
 
 
 def read_block(n: int, B: int) -> int:
@@ -65,11 +81,19 @@ def checkpoint_blocks(n: int, q: int, B: int) -> range:
     return range(n // B, write_block(n, q, B))
 
 
-def classify_rows(num_scheduled: Sequence[int],
-                  spec: Optional[Sequence[bool]] = None) -> tuple[int, int]:
+def lookahead_column(m: int, B: int, R: int) -> int:
+    """Block-table column of the state after ``m`` >= 1 tokens in the lookahead layout (module
+    docstring): a boundary state in its block's column, any other in one of the R columns after
+    the block holding token m - 1."""
+    return m // B - 1 if m % B == 0 else m // B + 1 + m % R
+
+
+def classify_rows(num_scheduled: Sequence[int], spec: Optional[Sequence[bool]] = None,
+                  varlen: bool = False) -> tuple[int, int]:
     """(decode rows, spec rows) of a step: the leading non-spec rows that schedule exactly one
     token, then the rows marked ``spec[i]`` that follow them; every later row is a prefill row.
-    Raises ValueError for a spec row after a prefill row or spec rows of different lengths."""
+    Raises ValueError for a spec row after a prefill row or, unless ``varlen``, spec rows of
+    different lengths."""
     rows = len(num_scheduled)
     if spec is not None and len(spec) != rows:
         raise ValueError(f"spec has {len(spec)} entries for {rows} rows")
@@ -79,7 +103,7 @@ def classify_rows(num_scheduled: Sequence[int],
         nd += 1
     ns = nd
     while ns < rows and is_spec(ns):
-        if num_scheduled[ns] != num_scheduled[nd]:
+        if not varlen and num_scheduled[ns] != num_scheduled[nd]:
             raise ValueError(f"row {ns}: spec rows must all schedule 1 + k tokens with one k, "
                              f"got {num_scheduled[ns]} and {num_scheduled[nd]}")
         ns += 1
@@ -113,6 +137,35 @@ def spec_write_slots(n: int, q: int, table: Sequence[int], ring: Sequence[int], 
     for m in range(n + 1, n + q + 1):
         out.append(int(table[m // B - 1]) if m % B == 0 else int(ring[m % R]))
     return out
+
+
+def lookahead_row_slots(i: int, n: int, q: int, row, B: int, R: int,
+                        is_spec: bool) -> tuple[int, int, list[int]]:
+    """Row i's read, write and checkpoint slots in the lookahead layout (step.py): the state
+    after m tokens at ``row[lookahead_column(m)]``; a spec row's checkpoints are its tokens'
+    states before the last, a prefill row's its block boundaries strictly inside (n, n + q)."""
+    width = len(row)
+
+    def slot(col: int, what: str) -> int:
+        if col >= width:
+            raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} needs "
+                             f"entry {col} (B={B}, lookahead {R})")
+        s = row[col]
+        if not isinstance(s, numbers.Integral):
+            raise ValueError(f"row {i}: block table entry {col} is not an int: {s!r}")
+        s = int(s)
+        if s == NO_SLOT and what:
+            raise ValueError(f"row {i}: {what} goes to block table entry {col}, which is {NO_SLOT}")
+        return s
+
+    r = slot(lookahead_column(n, B, R), "the state it reads") if n else NO_SLOT
+    if is_spec:
+        ws = [slot(lookahead_column(m, B, R), f"the state after {m} tokens")
+              for m in range(n + 1, n + q + 1)]
+        return r, ws[-1], ws[:-1]
+    w = slot(lookahead_column(n + q, B, R), "its final state")
+    ckpts = [slot(c, "") for c in checkpoint_blocks(n, q, B)]
+    return r, w, [NO_SLOT if c == w else c for c in ckpts]
 
 
 @dataclass(frozen=True)
@@ -181,10 +234,13 @@ class GDNStep:
     spec_read: Optional[torch.Tensor] = None   # [>= num_spec] read slot of spec row i
     spec_write: Optional[torch.Tensor] = None  # [>= num_spec, >= spec_len] slot after token t
     spec_cu: Optional[torch.Tensor] = None     # [>= num_spec + 1] token offsets: i * spec_len
+    # tokens of the launched spec rows when they differ in length (lookahead layout: spec_len is
+    # then the longest, spec_cu the real offsets); None: num_spec * spec_len
+    spec_tokens: Optional[int] = None
 
     @property
     def num_spec_tokens(self) -> int:
-        return self.num_spec * self.spec_len
+        return self.num_spec * self.spec_len if self.spec_tokens is None else self.spec_tokens
 
     @property
     def num_tokens(self) -> int:

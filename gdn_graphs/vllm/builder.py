@@ -21,7 +21,13 @@ from gdn_graphs.ops.fi_prefill import make_fi_workspace
 from gdn_graphs.runtime.step import GDNStep
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
-__all__ = ["GDNResources", "StepBuilder"]
+__all__ = ["GDNResources", "StepBuilder", "spec_lookahead"]
+
+
+def spec_lookahead(k: int) -> int:
+    """R, the private columns ahead of a request's current block that speculative decoding with
+    k drafts needs (k + 2: README "Conventions", the lookahead layout)."""
+    return k + 2
 
 _log = logging.getLogger("vllm.gdn_graphs")
 # prefill rows a FlashInfer step takes (its initial/final states: 2 MiB each at HV 32): a step
@@ -34,11 +40,16 @@ class GDNResources:
     workspace per shape and the warm-ups done.
 
     max_reqs: rows of a step (a CUDA-graph bucket may pad a decode batch past max_num_seqs);
-    max_tokens: tokens of a step.
+    max_tokens: tokens of a step; num_spec_tokens: k of speculative decoding (0: off), whose rows
+    of up to 1 + k tokens use the lookahead layout with ``lookahead`` = k + 2 columns
+    (gdn_graphs.runtime.step; README "Conventions").
     """
 
-    def __init__(self, max_reqs: int, max_tokens: int, fi_prefill: bool = False):
+    def __init__(self, max_reqs: int, max_tokens: int, num_spec_tokens: int = 0,
+                 fi_prefill: bool = False):
         self.max_reqs, self.max_tokens = max_reqs, max_tokens
+        self.num_spec_tokens = k = num_spec_tokens
+        self.max_spec_len, self.lookahead = (k + 1, spec_lookahead(k)) if k else (0, 0)
         self.fi_prefill = fi_prefill  # the "prefill": "flashinfer" option (see workspace)
         self._planner: DeviceTablePlanner | None = None
         self._planner_key: tuple | None = None
@@ -51,7 +62,9 @@ class GDNResources:
         key = (block_size, table_width, null_block, str(device))
         if self._planner is None:
             self._planner = DeviceTablePlanner(self.max_reqs, self.max_tokens, block_size, None,
-                                               table_width, null_block=null_block, device=device)
+                                               table_width, null_block=null_block, device=device,
+                                               max_spec_len=self.max_spec_len,
+                                               lookahead=self.lookahead)
             self._planner_key = key
         elif key != self._planner_key:
             raise ValueError(f"GDN groups disagree on (block size, table width, null block, "
@@ -87,16 +100,41 @@ class StepBuilder:
                  null_block: int, device: torch.device):
         self.planner = resources.planner(block_size, table_width, null_block, device)
         self.slots = self.planner.new_slots()
+        self.max_spec_len = resources.max_spec_len
 
     def build(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_table: torch.Tensor,
-              num_reqs: int) -> GDNStep:
+              num_reqs: int, drafts: np.ndarray | None = None) -> GDNStep:
         """query_start_loc [rows + 1] and seq_lens [>= rows] on the host (tokens computed before
         the step = seq_lens - scheduled), the group's block table on the device; a pure decode
-        step is padded to ``num_reqs`` decode rows (the CUDA-graph bucket)."""
+        step is padded to ``num_reqs`` decode rows (the CUDA-graph bucket). With speculative
+        decoding the leading rows of at most 1 + k tokens are spec rows (vLLM sorts every row of
+        up to 1 + k tokens first: its reorder_batch_threshold), so a verifying row, a decode
+        without drafts and a prefill chunk that short all store the state after each token in
+        the lookahead layout; a step of such rows alone, of one length, is padded to
+        ``num_reqs`` rows. drafts: vLLM's ``num_decode_draft_tokens_cpu`` where it passes it (the
+        drafts each row verifies, -1 for none): a row with drafts outside the spec rows (which
+        would lose the states after its drafts) raises ValueError."""
         rows = len(query_start_loc) - 1
-        n = seq_lens[:rows] - (query_start_loc[1:] - query_start_loc[:-1])
+        q = query_start_loc[1:] - query_start_loc[:-1]
+        n = seq_lens[:rows] - q
+        spec_rows = self.spec_rows(q)
+        if drafts is not None:
+            late = np.flatnonzero(np.asarray(drafts[:rows]) > 0)
+            late = late[late >= spec_rows]
+            if len(late):
+                raise ValueError(f"gdn_graphs: row {int(late[0])} verifies drafts but comes after "
+                                 f"a row of more than 1 + k = {self.max_spec_len} tokens; the "
+                                 f"builder needs every verifying row first (vLLM's reorder with "
+                                 f"reorder_batch_threshold >= 1 + k)")
         return self.planner.plan(query_start_loc, n, block_table, pad_decodes_to=num_reqs,
-                                 slots=self.slots)
+                                 slots=self.slots, spec_rows=spec_rows)
+
+    def spec_rows(self, q: np.ndarray) -> int:
+        """The leading rows of 1 .. max_spec_len tokens (0 without speculative decoding)."""
+        if not self.max_spec_len:
+            return 0
+        longer = np.flatnonzero((q > self.max_spec_len) | (q == 0))
+        return int(longer[0]) if len(longer) else len(q)
 
     def build_for_capture(self, query_start_loc, seq_lens, block_table, num_reqs) -> GDNStep:
         """A step for capturing a graph on the engine's dummy batch: every decode row reads and

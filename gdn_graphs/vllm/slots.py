@@ -74,6 +74,10 @@ class SlotSet:
 
         self.decode_read, self.decode_write = view("decode_read"), view("decode_write")
         self.decode_end = gp.decode_end
+        self.spec_read, o = view("spec_read"), spans["spec_write"][0]
+        self.spec_write = self.flat[o:o + spans["spec_write"][1]].view(gp.spec_write.shape)
+        # decode and spec slots end here (the spans are laid out in that order, plan.py)
+        self.rows_end = max(self.decode_end, sum(spans["spec_write"]))
         self._last: tuple[GDNStep, GDNStep] | None = None
         self.prefill = dataclasses.replace(
             gp.prefill, **{name: view(name) for name in ChunkMeta.SLOT_FIELDS})
@@ -84,12 +88,13 @@ class SlotSet:
         if self._last is None or self._last[0] is not placeholder_step:
             self._last = (placeholder_step, dataclasses.replace(
                 placeholder_step, decode_read=self.decode_read, decode_write=self.decode_write,
-                prefill=self.prefill))
+                prefill=self.prefill, spec_read=self.spec_read, spec_write=self.spec_write))
         return self._last[1]
 
     def clear_decode_slots(self) -> None:
-        """Every decode row reads and writes nothing (CUDA-graph capture on dummy tables)."""
-        self.flat[:self.decode_end].fill_(NO_SLOT)
+        """Every decode and spec row reads and writes nothing (CUDA-graph capture on dummy
+        tables)."""
+        self.flat[:self.rows_end].fill_(NO_SLOT)
 
 
 class ErrorWatch:
@@ -151,13 +156,15 @@ class DeviceTablePlanner:
     """
 
     def __init__(self, max_reqs: int, max_tokens: int, block_size: int, table_stride: int | None,
-                 table_width: int, null_block: int = 0, device: torch.device | str = "cpu"):
+                 table_width: int, null_block: int = 0, device: torch.device | str = "cpu",
+                 max_spec_len: int = 0, lookahead: int = 0):
         table_stride = table_width if table_stride is None else table_stride
         if table_width > table_stride:
             raise ValueError(f"table_width {table_width} exceeds table_stride {table_stride}")
         self.table_stride, self.table_width, self.null_block = table_stride, table_width, null_block
         limits = PlanLimits(max_seqs=max_reqs, max_tokens=max_tokens, block_size=block_size,
-                            num_slots=max_reqs * table_stride, max_blocks_per_seq=table_width)
+                            num_slots=max_reqs * table_stride, max_blocks_per_seq=table_width,
+                            max_spec_len=max_spec_len, lookahead=lookahead)
         self.planner = GDNPlanner(limits, device)
         self._placeholders = np.arange(max_reqs * table_stride, dtype=np.int64).reshape(
             max_reqs, table_stride)[:, :table_width]
@@ -170,7 +177,7 @@ class DeviceTablePlanner:
 
     def plan(self, query_start_loc: Sequence[int] | np.ndarray, num_computed: Sequence[int] |
              np.ndarray, block_table: torch.Tensor, pad_decodes_to: int | None = None,
-             slots: SlotSet | None = None) -> GDNStep:
+             slots: SlotSet | None = None, spec_rows: int = 0) -> GDNStep:
         """Plan one step and write its slots from ``block_table`` into ``slots`` (default set);
         returns the step over that set's buffers.
 
@@ -179,8 +186,11 @@ class DeviceTablePlanner:
         before the step. block_table: the engine's [rows', width'] table (rows' >= real rows,
         width' >= table_width, columns contiguous), on the planner's device. pad_decodes_to:
         launch this many decode rows when the step is pure decode (a CUDA-graph bucket); the padded
-        rows get NO_SLOT. The same token counts as the previous call reuse its plan (another group
-        of the same step). Raises ValueError before touching any buffer.
+        rows get NO_SLOT. spec_rows: the leading rows that are spec rows (a planner with a
+        lookahead layout: any length up to max_spec_len); a step of spec rows alone, all of one
+        length, is padded to ``pad_decodes_to`` spec rows. The same token counts as the previous
+        call reuse its plan (another group of the same step). Raises ValueError before touching
+        any buffer.
         """
         qsl = np.asarray(query_start_loc, dtype=np.int64)
         q = np.diff(qsl)
@@ -194,21 +204,34 @@ class DeviceTablePlanner:
         if block_table.shape[0] < rows:
             raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
-        key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(), repr(pad_decodes_to).encode()))
+        key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(),
+                        repr((pad_decodes_to, spec_rows)).encode()))
         if self._last is not None and self._last[0] == key:
             placeholder_step = self._last[1]  # another group of the same step
         else:
             self.errors.poll()  # once a step, before plan() zeroes the flag
             qs = q[:rows].tolist()
-            pure_decode = count_decode_rows(qs) == rows
-            pad = pad_decodes_to if pure_decode else None
             self._last = None  # a failed plan must not leave a stale key behind
-            placeholder_step = self.planner.plan(n_rows.tolist(), qs, self._placeholders[:rows],
-                                                 pad_decodes_to=pad)
+            placeholder_step = self._plan_rows(n_rows.tolist(), qs, pad_decodes_to, spec_rows)
             self._last = (key, placeholder_step)
         slots = slots or self.slots
         self._gather(block_table, slots)
         return slots.step(placeholder_step)
+
+    def _plan_rows(self, ns: list[int], qs: list[int], pad_to: int | None,
+                   spec_rows: int) -> GDNStep:
+        """The placeholder plan: decode rows padded to ``pad_to`` in a pure decode step, spec
+        rows (the first ``spec_rows``) padded to it in a step of spec rows of one length."""
+        rows = len(qs)
+        if not spec_rows:
+            pad = pad_to if count_decode_rows(qs) == rows else None
+            return self.planner.plan(ns, qs, self._placeholders[:rows], pad_decodes_to=pad)
+        if spec_rows > rows:
+            raise ValueError(f"spec_rows={spec_rows} but the step has {rows} rows")
+        uniform = spec_rows == rows and len(set(qs)) == 1
+        pad = pad_to if uniform and pad_to is not None and pad_to >= rows else None
+        return self.planner.plan(ns, qs, self._placeholders[:rows],
+                                 spec=[i < spec_rows for i in range(rows)], pad_spec_to=pad)
 
     def _flat_table(self, block_table: torch.Tensor) -> torch.Tensor:
         """The table as a flat tensor that the placeholders index (row i at i * table_stride): a

@@ -13,7 +13,9 @@ projections) and pools laid out like the engine's state pages (the caller builds
 (1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding), the
 same two with the prefill row from position 0 when the workspace carries a FiWorkspace (the
 FlashInfer prefill path: its kernels and FlashInfer's compile), and a pure decode for each decode
-tile the kernel picks by row count. ``tests/test_vllm_warmup.py``
+tile the kernel picks by row count; with speculative decoding also spec rows of 1 + k tokens for
+each of those row counts, spec rows of mixed lengths and spec rows before a prefill row.
+``tests/test_vllm_warmup.py``
 checks that an engine's launches need no compile the warm-up did not do.
 """
 
@@ -53,7 +55,7 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
                     dtype: torch.dtype, state_dtype: torch.dtype, workspace=None, *,
                     like: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                     pools: GDNPools | None = None, max_decode_rows: int = 1024,
-                    done: set | None = None) -> bool:
+                    done: set | None = None, max_spec_len: int = 0, lookahead: int = 0) -> bool:
     """Launch every kernel variant an engine step can need. Returns False, launching nothing, if
     ``done`` (the caller's record of warm-ups, one per engine) already holds this (shapes, dtypes,
     layouts, device); records it there otherwise.
@@ -61,7 +63,8 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     conv_weight [C, W] is the layer's. like: the layer's (mixed_qkv, a, b) as the engine passes
     them (default: contiguous). pools: conv [>= 1, C, W-1] and ssm [>= 1, HV, V, K] laid out like
     the engine's (default: contiguous); no slot of them is read or written. Nothing is mutated but
-    scratch buffers made here.
+    scratch buffers made here. max_spec_len, lookahead: the engine planner's (1 + k and R with
+    speculative decoding: the spec kernels' slot buffers then have its shape).
     """
     device = conv_weight.device
     C, W = conv_weight.shape
@@ -71,25 +74,28 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         pools = GDNPools(torch.zeros(1, C, W - 1, dtype=dtype, device=device),
                          torch.zeros(1, HV, V, K, dtype=state_dtype, device=device))
     layouts = tuple((t.stride(), t.storage_offset() % 16) for t in (*(like or ()), *pools))
-    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device), layouts)
+    key = (HK, HV, K, V, C, W, dtype, state_dtype, str(device), layouts, max_spec_len)
     if done is not None and key in done:
         return False
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
-    T = max(2 + n_pre + 2, max(decode_rows))
+    T = max(2 + n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
     if like is None:
         like = (torch.zeros(T, C, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device))
     x, a, b = (_zeros_like_layout(t, T) for t in like)
     out = torch.empty(T, HV, V, dtype=dtype, device=device)
-    rows = max(2 + 1, max(decode_rows))
-    planner = DeviceTablePlanner(rows, T, CHUNK, None, 8, null_block=0, device=device)
-    table = torch.zeros(rows, 8, dtype=torch.int32, device=device)   # every block null: NO_SLOT
+    rows = max(4, max(decode_rows))
+    width = 8 + lookahead
+    planner = DeviceTablePlanner(rows, T, CHUNK, None, width, null_block=0, device=device,
+                                 max_spec_len=max_spec_len, lookahead=lookahead)
+    table = torch.zeros(rows, width, dtype=torch.int32, device=device)  # all null: NO_SLOT
     weights = GDNWeights(conv_weight, None, A_log, dt_bias)
 
-    def step(qsl, n):
-        gdn_step = planner.plan(np.asarray(qsl), np.asarray(n), table)
+    def step(qsl, n, spec_rows=0):
+        gdn_step = planner.plan(np.asarray(qsl), np.asarray(n), table, spec_rows=spec_rows,
+                                pad_decodes_to=len(n) if spec_rows else None)
         run_gdn_core(x, a, b, weights, pools, gdn_step, out, workspace)
 
     # mixed steps: 1 and 2 decode rows move the prefill's inputs by one and two rows (their
@@ -104,6 +110,13 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
             step([*range(nd + 1), nd + n_pre], [5] * nd + [0])
     for n_rows in decode_rows:                    # pure decode, one per decode tile
         step(list(range(n_rows + 1)), [5] * n_rows)
+    L = max_spec_len
+    if L:
+        for n_rows in decode_rows:                # spec rows of 1 + k tokens, one per tile
+            step(list(range(0, L * n_rows + 1, L)), [5] * n_rows, spec_rows=n_rows)
+        lens = [1, L, max(L - 1, 1)]              # spec rows of mixed lengths, then a prefill
+        step(np.cumsum([0, *lens]).tolist(), [5] * 3, spec_rows=3)
+        step(np.cumsum([0, *lens, n_pre]).tolist(), [5] * 3 + [37], spec_rows=3)
     if int((planner.slots.flat >= 0).sum()) != 0:
         raise AssertionError("warm-up step addressed a pool slot")  # cannot happen: all null
     if done is not None:

@@ -4,7 +4,8 @@ Modules: ``config`` (registration and the config hook, imported in every vLLM pr
 (model classes, GDN layer, backend, metadata builder; imported where vLLM builds the model),
 ``qwen3_5`` (Qwen3.5's classes; vLLM's Qwen3.5 imports torchvision), ``pages`` (the page layout),
 ``state_pages`` (the GDN groups' KV-cache spec and manager: capacity, page rules, page stats),
-``schedule`` (prefill chunks ending on multiples of 64).
+``spec_pages`` (their pages with speculative decoding: the lookahead layout), ``qwen3_5_mtp``
+(Qwen3.5's MTP draft classes), ``schedule`` (prefill chunks ending on multiples of 64).
 The version-neutral parts are ``gdn_graphs.vllm.slots``, ``.builder``, ``.warmup`` and
 ``gdn_graphs.runtime``.
 
@@ -13,11 +14,17 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   Qwen3_5MoeForConditionalGeneration: our subclasses (``all_mode_model``), which declare
   ``supports_mamba_prefix_caching`` and show vLLM's ``__init__`` ``mamba_cache_mode`` "align"
   while it builds (vLLM's classes refuse "all" there; nothing else in them reads the mode).
+* ``ModelRegistry.register_model`` for the MTP draft models Qwen3NextMTP, Qwen3_5MTP and
+  Qwen3_5MoeMTP: subclasses (``all_mode_draft``) that show ``__init__`` mode "align" (vLLM's
+  refuse "all" there; they have no GDN layers).
 * ``MODELS_CONFIG_MAP`` entries for the same architectures: ``GDNAllConfig``, which runs vLLM's
   own entry first, then sets ``cache_config.mamba_cache_mode`` ("all" with prefix caching),
   ``mamba_block_size`` and ``user_specified_mamba_block_size``; it refuses
-  ``speculative_config``, another cache mode, a block size not a multiple of 64 and any
-  ``prefix_match_unit``.
+  another cache mode, a block size not a multiple of 64 and any ``prefix_match_unit``. With
+  ``speculative_config`` (``check_speculative``): accepts method "ngram" and the MTP methods,
+  sets ``scheduler_config.async_scheduling`` False where it is None (refuses True), refuses
+  ``parallel_drafting``, prefix caching off and k outside [1, 63]; reads ``method``,
+  ``num_speculative_tokens``.
 * The custom-op out-of-tree registry: ``QwenGatedDeltaNetAttention.register_oot`` with our layer,
   after popping the private ``op_registry_oot`` entry (idempotent re-registration).
 * ``KVCacheSpecRegistry``: registers ``GDNStateSpec`` (a ``MambaSpec`` subclass, uniform base
@@ -64,7 +71,11 @@ What it reads or overrides:
   ``num_v_heads``, ``head_k_dim``, ``head_v_dim``, ``activation``, ``get_state_dtype()``;
   ``mamba_utils.is_conv_state_dim_first()``.
 * ``GDNAttentionBackend`` (subclassed for ``get_builder_cls``), ``AttentionMetadataBuilder``
-  (``_init_reorder_batch_threshold``), ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE``.
+  (``_init_reorder_batch_threshold``, with speculation: rows of up to 1 + k tokens first;
+  ``get_cudagraph_support``: ``UNIFORM_BATCH`` with speculation, else
+  ``UNIFORM_SINGLE_TOKEN_DECODE``). With speculation, ``GDNSpecStateSpec`` (``num_speculative_blocks``
+  = k + 2) and ``GDNSpecStateManager`` are registered like the plain pair; ``MambaSpec``'s
+  ``max_num_blocks_per_req`` then gives the block table k + 2 more columns.
 * ``CommonAttentionMetadata``: ``query_start_loc_cpu``, the private ``_seq_lens_cpu`` (else
   ``seq_lens_cpu_upper_bound``), ``block_table_tensor``, ``num_reqs``, ``num_actual_tokens``;
   ``NULL_BLOCK_ID``.

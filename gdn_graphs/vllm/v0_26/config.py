@@ -20,6 +20,12 @@ MODEL_CLASSES = {
         "gdn_graphs.vllm.v0_26.qwen3_5:Qwen3_5MoeAllForConditionalGeneration",
 }
 ARCHS = tuple(MODEL_CLASSES)
+# their MTP draft models (attention only; vLLM's refuse mode "all" while they build)
+DRAFT_CLASSES = {
+    "Qwen3NextMTP": "gdn_graphs.vllm.v0_26.model:Qwen3NextMTPAll",
+    "Qwen3_5MTP": "gdn_graphs.vllm.v0_26.qwen3_5_mtp:Qwen3_5MTPAll",
+    "Qwen3_5MoeMTP": "gdn_graphs.vllm.v0_26.qwen3_5_mtp:Qwen3_5MoeMTPAll",
+}
 
 # vLLM's own MODELS_CONFIG_MAP entries for these architectures (Qwen3.5's reads the state dtype
 # from the checkpoint's config): ours replaces them in the map and runs them first
@@ -33,6 +39,7 @@ def register() -> None:
     # our KV-cache spec and its manager, in every process: the engine core builds the manager
     # from specs that the workers' layers made
     import gdn_graphs.vllm.v0_26.state_pages  # noqa: F401  (registers on import)
+    import gdn_graphs.vllm.v0_26.spec_pages  # noqa: F401  (likewise, with speculative decoding)
     # prefill chunks ending on multiples of 64 (the engine core builds the scheduler)
     from gdn_graphs.vllm.v0_26.schedule import install as install_chunk_alignment
 
@@ -44,6 +51,8 @@ def register() -> None:
         if prev is not None and prev is not GDNAllConfig:
             _VLLM_CONFIG_HOOKS[arch] = prev
         MODELS_CONFIG_MAP[arch] = GDNAllConfig
+    for arch, cls in DRAFT_CLASSES.items():
+        ModelRegistry.register_model(arch, cls)
 
 
 class GDNAllConfig(VerifyAndUpdateConfig):
@@ -61,8 +70,7 @@ class GDNAllConfig(VerifyAndUpdateConfig):
                 cc.mamba_cache_mode = "align"
             return
         if vllm_config.speculative_config is not None:
-            raise ValueError("gdn_graphs does not support speculative decoding yet; turn the plugin "
-                             "off for this engine with additional_config={'gdn_graphs': False}")
+            check_speculative(vllm_config)
         if not cc.enable_prefix_caching:
             return  # "none": one state per request, run by our kernels in place
         if cc.mamba_cache_mode not in ("none", "all"):
@@ -89,3 +97,43 @@ class GDNAllConfig(VerifyAndUpdateConfig):
         logger.info("gdn_graphs: mamba cache mode 'all' (a GDN state at every block boundary)")
 
 
+# speculative methods the plugin runs (vLLM 0.26 renames the Qwen MTP ones to "mtp")
+SPEC_METHODS = ("ngram", "mtp", "qwen3_next_mtp", "qwen3_5_mtp")
+_OFF = "or turn the plugin off for this engine with additional_config={'gdn_graphs': False}"
+
+
+def check_speculative(vllm_config) -> None:
+    """Speculative decoding with the plugin: which settings it runs, one clear error for the rest
+    (README "With vLLM"). Turns vLLM's default async scheduling off: the builder places states by
+    each row's computed tokens, which the host knows exactly only without it."""
+    sc, cc = vllm_config.speculative_config, vllm_config.cache_config
+    method, k = getattr(sc, "method", None), getattr(sc, "num_speculative_tokens", None)
+    if method not in SPEC_METHODS:
+        raise ValueError(f"gdn_graphs runs speculative decoding with method 'ngram' or the MTP "
+                         f"methods {SPEC_METHODS[1:]}; got method={method!r}. Use one of them, "
+                         f"{_OFF}")
+    if not isinstance(k, int) or not 1 <= k < CHUNK:
+        raise ValueError(f"gdn_graphs needs num_speculative_tokens in [1, {CHUNK - 1}] (1 + k "
+                         f"tokens per row within a block), got {k!r}; change it, {_OFF}")
+    if getattr(sc, "parallel_drafting", False):
+        raise ValueError(f"gdn_graphs does not run parallel_drafting (rows of 1 + 2k tokens); "
+                         f"leave it off, {_OFF}")
+    if not cc.enable_prefix_caching:
+        raise ValueError(f"gdn_graphs runs speculative decoding with prefix caching on (mamba "
+                         f"cache mode 'all', whose pages hold the states after every draft); "
+                         f"enable_prefix_caching=False gives one page per request. Turn prefix "
+                         f"caching on, {_OFF}")
+    sched = vllm_config.scheduler_config
+    if sched.async_scheduling:
+        raise ValueError(f"gdn_graphs runs speculative decoding without async scheduling (its "
+                         f"builder needs each row's exact computed tokens on the host); pass "
+                         f"async_scheduling=False, {_OFF}")
+    if sched.async_scheduling is None:
+        sched.async_scheduling = False
+        logger.info("gdn_graphs: async scheduling off (speculative decoding with gdn_graphs)")
+    logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout)", method, k)
+    # said at every engine build until a GPU run has checked it (README "With vLLM")
+    logger.warning("gdn_graphs: speculative decoding with the plugin has passed its CPU tests "
+                   "(vLLM's scheduler, our pages and kernels against the accepted tokens one at "
+                   "a time) but has not yet run on a GPU; %s if its tokens differ from a run "
+                   "without speculation", _OFF.removeprefix("or "))

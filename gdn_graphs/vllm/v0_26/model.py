@@ -19,6 +19,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+from vllm.model_executor.models.qwen3_next_mtp import Qwen3NextMTP
 from vllm.v1.attention.backend import (AttentionCGSupport, AttentionMetadataBuilder,
                                        CommonAttentionMetadata)
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
@@ -29,10 +30,10 @@ from gdn_graphs import nvtx
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.runtime.step import GDNStep
 from gdn_graphs.vllm import enabled
-from gdn_graphs.vllm.builder import GDNResources, StepBuilder
+from gdn_graphs.vllm.builder import GDNResources, StepBuilder, spec_lookahead
 from gdn_graphs.vllm.slots import plan_block_size
 from gdn_graphs.vllm.v0_26.config import ARCHS
-from gdn_graphs.vllm.v0_26.pages import cache_views
+from gdn_graphs.vllm.v0_26.pages import cache_views, kernel_conv_view
 from gdn_graphs.vllm.v0_26.state_pages import prefill_option, state_spec
 from gdn_graphs.vllm.warmup import warm_up_kernels
 
@@ -84,6 +85,24 @@ def all_mode_model(base: type, default_prefix: str) -> type:
 Qwen3NextAllForCausalLM = all_mode_model(Qwen3NextForCausalLM, "")
 
 
+def all_mode_draft(base: type) -> type:
+    """``base`` (a vLLM MTP draft model: attention layers only, no GDN state) built while the
+    mode reads "align": vLLM's Qwen MTP classes refuse mode "all" in ``__init__`` (nothing else
+    there reads it), which the target model's GDN layers use with the plugin."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        with built_in_align_mode(vllm_config):
+            base.__init__(self, vllm_config=vllm_config, prefix=prefix)
+
+    name = base.__name__ + "All"
+    return type(name, (base,), {"__init__": __init__, "__module__": __name__,
+                                "__qualname__": name, "__doc__": f"{base.__name__}, built in an "
+                                f"engine whose GDN layers run mode 'all' on gdn_graphs."})
+
+
+Qwen3NextMTPAll = all_mode_draft(Qwen3NextMTP)
+
+
 def switch_on_layers(model: torch.nn.Module, vllm_config) -> int:
     """Route every GDN layer of ``model`` through gdn_graphs if this engine uses it, sharing one
     GDNResources; returns how many are on (logged: the engine's log says which kernels run)."""
@@ -125,10 +144,24 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
     _cudagraph_support: ClassVar = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold: int = 1
 
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        # with speculation vLLM's decode graphs hold 1 + k tokens a row (uniform_decode_query_len)
+        if vllm_config.speculative_config is not None:
+            return AttentionCGSupport.UNIFORM_BATCH
+        return cls._cudagraph_support
+
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         assert isinstance(kv_cache_spec, MambaSpec)
-        self._init_reorder_batch_threshold(1, False)
+        k = _num_spec_tokens(vllm_config)
+        # rows of up to 1 + k tokens first: vLLM's reorder, which the builder's spec rows rely on
+        self._init_reorder_batch_threshold(1, k > 0)
+        if k and kv_cache_spec.num_speculative_blocks != spec_lookahead(k):
+            raise ValueError(f"gdn_graphs: speculative decoding with k={k} needs the GDN spec's "
+                             f"{spec_lookahead(k)} lookahead columns, got "
+                             f"{kv_cache_spec.num_speculative_blocks} (mode "
+                             f"{vllm_config.cache_config.mamba_cache_mode!r}; prefix caching on?)")
         cc = vllm_config.cache_config
         block_size = plan_block_size(kv_cache_spec.block_size, cc.mamba_cache_mode == "all")
         width = kv_cache_spec.max_num_blocks_per_req(vllm_config,
@@ -137,8 +170,9 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
                                   NULL_BLOCK_ID, device)
 
     def _args(self, m: CommonAttentionMetadata):
-        # seq_lens - query lens = tokens computed before the step: exact without speculative
-        # decoding (which the config refuses), and right for vLLM's dummy batches too (its
+        # seq_lens - query lens = tokens computed before the step: exact without async scheduling
+        # (which the config turns off with speculative decoding: the scheduler has taken the
+        # rejected drafts back by then), and right for vLLM's dummy batches too (its
         # computed-token counts there are stale)
         seq_lens = m._seq_lens_cpu if m._seq_lens_cpu is not None else m.seq_lens_cpu_upper_bound
         return m.query_start_loc_cpu.numpy(), seq_lens.numpy(), m.block_table_tensor, m.num_reqs
@@ -148,12 +182,18 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
         return GDNGraphsMetadata(step=step, num_actual_tokens=m.num_actual_tokens,
                                  num_prefills=host.num_prefills, num_decodes=step.num_decodes,
                                  num_decode_tokens=step.num_decodes,
-                                 num_prefill_tokens=step.num_prefill_tokens)
+                                 num_prefill_tokens=step.num_prefill_tokens,
+                                 num_spec_decodes=step.num_spec)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False, **_: Any) -> GDNGraphsMetadata:
+              num_accepted_tokens=None, num_decode_draft_tokens_cpu=None, fast_build: bool = False,
+              **_: Any) -> GDNGraphsMetadata:
+        # vLLM passes the draft counts to GDN builders (we are registered as one, install_layer);
+        # the accepted counts are not needed: each row's computed tokens already say them
         m = common_attn_metadata
-        return self._metadata(self._steps.build(*self._args(m)), m)
+        drafts = (num_decode_draft_tokens_cpu.numpy()
+                  if num_decode_draft_tokens_cpu is not None else None)
+        return self._metadata(self._steps.build(*self._args(m), drafts=drafts), m)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         m = common_attn_metadata
@@ -170,12 +210,18 @@ def _resources_of(vllm_config, layer_names) -> GDNResources:
     return res if res is not None else _new_resources(vllm_config)
 
 
+def _num_spec_tokens(vllm_config) -> int:
+    spec = vllm_config.speculative_config
+    return (spec.num_speculative_tokens or 0) if spec is not None else 0
+
+
 def _new_resources(vllm_config) -> GDNResources:
     sc = vllm_config.scheduler_config
     # rows: a CUDA-graph bucket may pad a decode batch past max_num_seqs
     capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
     return GDNResources(max_reqs=max(sc.max_num_seqs, capture),
                         max_tokens=sc.max_num_batched_tokens,
+                        num_spec_tokens=_num_spec_tokens(vllm_config),
                         fi_prefill=prefill_option(vllm_config) == "flashinfer")
 
 
@@ -235,11 +281,14 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
             _, conv, ssm = cache_views(1, w.conv_weight.size(0), w.conv_weight.size(1), HV, V, K,
                                        mixed_qkv.dtype, state_dtype,
                                        self._cache_config.mamba_page_size_padded,
-                                       is_conv_state_dim_first(), mixed_qkv.device)
+                                       is_conv_state_dim_first(), mixed_qkv.device,
+                                       conv_extra=self.num_spec)
             warm_up_kernels(HK, HV, K, V, w.conv_weight, w.A_log, w.dt_bias, mixed_qkv.dtype,
                             state_dtype, self._workspace(mixed_qkv), like=(mixed_qkv, a, b),
                             pools=GDNPools(conv, ssm), max_decode_rows=self._max_reqs,
-                            done=self._gdn_resources.warmed_up)
+                            done=self._gdn_resources.warmed_up,
+                            max_spec_len=self._gdn_resources.max_spec_len,
+                            lookahead=self._gdn_resources.lookahead)
         except Exception:  # the first request then compiles them; never fail the engine here
             logger.warning("gdn_graphs: kernel warm-up failed", exc_info=True)
 
@@ -255,20 +304,29 @@ class GDNGraphsQwenGDN(QwenGatedDeltaNetAttention):
             self._warm_up(mixed_qkv, a, b)
             return
         step = md[self.prefix].step
-        conv, ssm = self.kv_cache[0], self.kv_cache[1]
-        if not is_conv_state_dim_first():
-            conv = conv.transpose(-1, -2)  # [blocks, conv_dim, W-1], a strided view: no copy
+        # [blocks, conv_dim, W-1], a strided view: no copy (vLLM's has k more positions with
+        # speculative decoding, which the kernels leave alone: pages.py)
+        conv = kernel_conv_view(self.kv_cache[0], self.conv1d.weight.size(-1),
+                                is_conv_state_dim_first())
+        ssm = self.kv_cache[1]
         ws = self._workspace(mixed_qkv) if step.num_prefill_tokens else None
         run_gdn_core(mixed_qkv, a, b, self._weights(), GDNPools(conv, ssm), step, core_attn_out, ws,
                      self._layer_index)
 
 
 def install_layer() -> None:
-    """Swap vLLM's Qwen GDN layer for ours at instantiation (idempotent)."""
+    """Swap vLLM's Qwen GDN layer for ours at instantiation (idempotent), and make our builder
+    count as a GDN builder where vLLM's model runner picks the builders it passes the draft counts
+    to (``isinstance(builder, GDNAttentionMetadataBuilder)``; a virtual subclass: nothing of
+    vLLM's builder is inherited)."""
     from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
     if op_registry_oot.get("QwenGatedDeltaNetAttention") is not GDNGraphsQwenGDN:
         op_registry_oot.pop("QwenGatedDeltaNetAttention", None)
         QwenGatedDeltaNetAttention.register_oot(GDNGraphsQwenGDN)
+    if not issubclass(GDNGraphsBuilder, GDNAttentionMetadataBuilder):
+        GDNAttentionMetadataBuilder.register(GDNGraphsBuilder)
 
 
 install_layer()

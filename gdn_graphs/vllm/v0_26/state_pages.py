@@ -108,11 +108,16 @@ def state_spec(spec: MambaSpec, vllm_config) -> GDNStateSpec:
     """Our spec for a GDN layer's mode-"all" MambaSpec, with this engine's knobs."""
     opts = _options(vllm_config)
     fields = {f: getattr(spec, f) for f in spec.__dataclass_fields__}
-    return GDNStateSpec(**fields, step_tokens=vllm_config.max_in_flight_tokens,
+    ours = GDNStateSpec(**fields, step_tokens=vllm_config.max_in_flight_tokens,
                         keep_every=keep_every(opts.get("keep_states")),
                         stats_every=int(opts.get("stats_every", 0)),
                         stats_interval_s=float(opts.get("stats_interval_s", 10.0)),
                         junctions=getattr(vllm_config, "kv_transfer_config", None) is None)
+    sc = getattr(vllm_config, "speculative_config", None)
+    if sc is None:
+        return ours
+    from gdn_graphs.vllm.v0_26.spec_pages import spec_state_spec  # the lookahead layout's pages
+    return spec_state_spec(ours, sc.num_speculative_tokens)
 
 
 @dataclass
@@ -183,10 +188,14 @@ def pool_stats(block_pool) -> PageStats:
 class GDNStateManager(MambaManager):
     """vLLM's MambaManager (mode "all": lookups, caching, hashes) with gdn_graphs' page rules."""
 
+    lookahead_layout = False  # speculative decoding's pages (spec_pages.GDNSpecStateManager)
+
     def __init__(self, kv_cache_spec: GDNStateSpec, block_pool, **kwargs) -> None:
         super().__init__(kv_cache_spec, block_pool, **kwargs)
-        if self.mamba_cache_mode != "all" or self.num_speculative_blocks:
-            raise ValueError("GDNStateManager serves mode 'all' without speculative blocks")
+        if self.mamba_cache_mode != "all" or (self.num_speculative_blocks
+                                              and not self.lookahead_layout):
+            raise ValueError("GDNStateManager serves mode 'all' without speculative blocks "
+                             "(GDNSpecStateManager serves them)")
         self.stats = pool_stats(block_pool)
         self.stats.managers.append(self)
         self._prompt_len: dict[str, int] = {}

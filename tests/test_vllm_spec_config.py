@@ -1,0 +1,150 @@
+"""Speculative decoding with the plugin: which configurations it accepts (and what it sets),
+the one error for each it refuses, the MTP draft model built in an engine in mode "all", and
+``tools/tiny_model.py --mtp`` loading through vLLM's own Qwen3NextMTP weight names."""
+
+import dataclasses
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from test_vllm_plugin import _engine_config, vllm_cpu  # noqa: F401
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory):
+    from tools.tiny_model import make_tiny_qwen3_next
+
+    return str(make_tiny_qwen3_next(tmp_path_factory.mktemp("mtp") / "qwen3_next_mtp",
+                                    dtype="float32", mtp=True))
+
+
+@pytest.mark.vllm
+def test_ngram_is_accepted_in_mode_all_with_lookahead_pages(vllm_cpu):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from gdn_graphs.vllm.v0_26.model import GDNGraphsBuilder
+
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, speculative_config=NGRAM)
+    assert cfg.cache_config.mamba_cache_mode == "all"
+    assert cfg.scheduler_config.async_scheduling is False  # vLLM's default would stay off too
+    assert cfg.speculative_config.num_speculative_tokens == 3
+    # FULL decode graphs of 1 + k tokens a row need UNIFORM_BATCH; without speculation the
+    # single-token level stays
+    assert GDNGraphsBuilder.get_cudagraph_support(cfg, None) == AttentionCGSupport.UNIFORM_BATCH
+    plain = _engine_config(vllm_cpu, enable_prefix_caching=True)
+    assert (GDNGraphsBuilder.get_cudagraph_support(plain, None)
+            == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE)
+    # vLLM's model runner passes num_decode_draft_tokens_cpu to the builders it takes for GDN
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+    assert issubclass(GDNGraphsBuilder, GDNAttentionMetadataBuilder)
+    assert GDNAttentionMetadataBuilder not in GDNGraphsBuilder.__mro__  # nothing inherited
+
+
+@pytest.mark.vllm
+def test_mtp_is_accepted_and_async_scheduling_turned_off(vllm_cpu, tiny_mtp):
+    cfg = _engine_config(tiny_mtp, enable_prefix_caching=True, max_model_len=4096,
+                         speculative_config={"method": "qwen3_next_mtp",
+                                             "num_speculative_tokens": 2})
+    sc = cfg.speculative_config
+    assert (sc.method, sc.num_speculative_tokens) == ("mtp", 2)
+    assert sc.draft_model_config.hf_config.architectures == ["Qwen3NextMTP"]
+    assert cfg.cache_config.mamba_cache_mode == "all"
+    # vLLM turns async scheduling on for MTP by default; the plugin turns it off
+    assert cfg.scheduler_config.async_scheduling is False
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("spec, extra, message", [
+    ({"method": "ngram_gpu", "num_speculative_tokens": 3}, {}, "method='ngram_gpu'"),
+    (NGRAM, {"enable_prefix_caching": False}, "Turn prefix caching on"),
+    (NGRAM, {"async_scheduling": True}, "pass async_scheduling=False"),
+    (dict(NGRAM, num_speculative_tokens=64), {}, "num_speculative_tokens in [1, 63]"),
+])
+def test_unsupported_speculation_is_refused_with_what_to_change(vllm_cpu, spec, extra, message):
+    kw = {"enable_prefix_caching": True, **extra}
+    with pytest.raises(Exception) as err:
+        _engine_config(vllm_cpu, speculative_config=spec, **kw)
+    text = str(err.value)
+    assert message in text, text
+    assert "additional_config={'gdn_graphs': False}" in text
+
+
+@pytest.mark.vllm
+def test_refusal_messages_name_the_fix(vllm_cpu):
+    """check_speculative on its own (no engine config): each refusal says what to change."""
+    from gdn_graphs.vllm.v0_26.config import check_speculative
+
+    def cfg(**spec):
+        sc = NS(method="ngram", num_speculative_tokens=3, parallel_drafting=False)
+        for k, v in spec.items():
+            setattr(sc, k, v)
+        return NS(speculative_config=sc, cache_config=NS(enable_prefix_caching=True),
+                  scheduler_config=NS(async_scheduling=None))
+
+    ok = cfg()
+    check_speculative(ok)
+    assert ok.scheduler_config.async_scheduling is False
+    for method in ("mtp", "qwen3_next_mtp", "qwen3_5_mtp"):
+        check_speculative(cfg(method=method))
+    with pytest.raises(ValueError, match="parallel_drafting"):
+        check_speculative(cfg(parallel_drafting=True))
+    with pytest.raises(ValueError, match="method='eagle'.*gdn_graphs': False"):
+        check_speculative(cfg(method="eagle"))
+    with pytest.raises(ValueError, match=r"\[1, 63\]"):
+        check_speculative(cfg(num_speculative_tokens=0))
+
+
+@pytest.mark.vllm
+def test_tiny_mtp_checkpoint_loads_into_vllms_qwen3_next_mtp(vllm_cpu, tiny_mtp, monkeypatch):
+    """vLLM's own draft model class (our subclass builds it while the mode reads "align") loads
+    every one of its parameters from the checkpoint's ``mtp.*`` tensors (and the shared
+    embed_tokens / lm_head), each equal to its source."""
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+    from vllm.model_executor.layers import activation
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from gdn_graphs.vllm.v0_26.model import Qwen3NextMTPAll
+
+    # vLLM's CPU build here has no compiled ops; SiluAndMul's __init__ looks one up
+    monkeypatch.setattr(activation.SiluAndMul, "__init__", lambda self, *a, **k:
+                        torch.nn.Module.__init__(self))
+    cfg = _engine_config(tiny_mtp, enable_prefix_caching=True, max_model_len=4096,
+                         speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    draft = dataclasses.replace(cfg, model_config=cfg.speculative_config.draft_model_config)
+    with set_current_vllm_config(draft):
+        if not torch.distributed.is_initialized():
+            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                            distributed_init_method="tcp://127.0.0.1:29537")
+        ps.ensure_model_parallel_initialized(1, 1)
+        cls, _ = ModelRegistry.resolve_model_cls(draft.model_config.architectures,
+                                                 draft.model_config)
+        assert cls is Qwen3NextMTPAll
+        model = cls(vllm_config=draft)
+        ck = {}
+        for f in ("model.safetensors", "model-mtp.safetensors"):
+            ck.update(load_file(f"{tiny_mtp}/{f}"))
+        loaded = model.load_weights(iter(ck.items()))
+    params = dict(model.named_parameters())
+    # vLLM reports the fused experts without their routed_experts module
+    loaded = {n.replace("experts.w", "experts.routed_experts.w") for n in loaded}
+    assert set(params) <= loaded, sorted(set(params) - loaded)
+    src = {n[len("mtp."):]: t for n, t in ck.items() if n.startswith("mtp.")}
+    assert torch.equal(params["model.fc.weight"], src["fc.weight"])
+    assert torch.equal(params["lm_head.weight"], ck["lm_head.weight"])
+    assert torch.equal(params["model.embed_tokens.weight"], ck["model.embed_tokens.weight"])
+    attn = "layers.0.self_attn."
+    qkv = torch.cat([src[f"{attn}{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(params[f"model.{attn}qkv_proj.weight"], qkv)
+    w13 = params["model.layers.0.mlp.experts.routed_experts.w13_weight"]
+    for e in range(w13.shape[0]):
+        gate_up = torch.cat([src[f"layers.0.mlp.experts.{e}.{p}_proj.weight"]
+                             for p in ("gate", "up")])
+        assert torch.equal(w13[e], gate_up), e
+    for norm in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        assert torch.equal(params[f"model.{norm}.weight"], src[f"{norm}.weight"])

@@ -259,3 +259,37 @@ def beyond_meta(fields, device="cpu") -> ChunkMeta:
     d = dict(_BASE, **fields)
     return device_meta(64, d["cu"], d["start"], d["read"], d["write"], d["ck_off"],
                        d["ck_slots"], d["chunk_seq"], d["chunk_idx"], device=device)
+
+
+def run_vllm_engines(tmp_path, model, configs: dict, full_graphs=()):
+    """The vLLM GPU tests' engines: profiling/vllm_e2e.py once per ``configs`` entry (name ->
+    its command-line arguments after --model), side by side, each with its own Triton cache and
+    log; every one must exit 0 with our GDN layers on (and, for names in ``full_graphs``, FULL
+    decode graphs captured). Returns (vllm_report's results for tmp_path, the report module)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    procs = {}
+    for name, args in configs.items():
+        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"tc_{name}"))
+        log = open(tmp_path / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen(
+            [sys.executable, str(root / "profiling" / "vllm_e2e.py"), "--model", str(model), *args,
+             "--out", str(tmp_path / f"{name}.json")], stdout=log, stderr=subprocess.STDOUT,
+            env=env), log)
+    for name, (p, log) in procs.items():
+        rc = p.wait(timeout=900)
+        log.close()
+        text = (tmp_path / f"{name}.log").read_text(errors="replace")
+        assert rc == 0, f"{name} exited {rc}:\n{text[-3000:]}"
+        assert "GDN layers run on gdn_graphs kernels" in text, name
+        if name in full_graphs:
+            assert "Capturing CUDA graphs (decode, FULL)" in text, name
+    spec = importlib.util.spec_from_file_location("vllm_report", root / "profiling" / "vllm_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    return report.load(tmp_path), report

@@ -11,13 +11,12 @@ kernel compiled after start-up. Run where vLLM is staged: ``python3 -m pytest -m
 (``profiling/vllm_session.sh pytest``). Takes a few minutes (engine start-ups).
 """
 
-import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_vllm_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"fp32_plugin_pc_graphs": ("on", "on"), "fp32_plugin_pc_eager": ("on", "off"),
@@ -29,30 +28,13 @@ def test_vllm_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
     model = tmp_path / "tiny_fp32"
     subprocess.run([sys.executable, "-m", "tools.tiny_model", str(model), "--dtype",
                     "float32"], check=True, capture_output=True, timeout=300, cwd=ROOT)
-    procs = {}
-    for name, (pc, graphs) in CONFIGS.items():
-        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"tc_{name}"))
-        log = open(tmp_path / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen(
-            [sys.executable, str(ROOT / "profiling" / "vllm_e2e.py"), "--model", str(model),
-             "--dtype", "float32", "--plugin", "on", "--prefix-caching", pc, "--graphs", graphs,
-             "--kv-cache-gib", "4", "--scenarios", "repeat,shared,system,abort", "--prefix-len", "6000",
-             "--shared-len", "4000", "--system-len", "1000", "--gen", "16",
-             "--out", str(tmp_path / f"{name}.json")], stdout=log, stderr=subprocess.STDOUT,
-            env=env), log)
-    for name, (p, log) in procs.items():
-        rc = p.wait(timeout=900)
-        log.close()
-        text = (tmp_path / f"{name}.log").read_text(errors="replace")
-        assert rc == 0, f"{name} exited {rc}:\n{text[-3000:]}"
-        assert "GDN layers run on gdn_graphs kernels" in text, name
-        if CONFIGS[name][1] == "on":
-            assert "Capturing CUDA graphs (decode, FULL)" in text, name
-
-    spec = importlib.util.spec_from_file_location("vllm_report", ROOT / "profiling" / "vllm_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    res = report.load(tmp_path)
+    common = ["--dtype", "float32", "--plugin", "on", "--kv-cache-gib", "4", "--scenarios",
+              "repeat,shared,system,abort", "--prefix-len", "6000", "--shared-len", "4000",
+              "--system-len", "1000", "--gen", "16"]
+    res, report = run_vllm_engines(
+        tmp_path, model, {name: [*common, "--prefix-caching", pc, "--graphs", graphs]
+                          for name, (pc, graphs) in CONFIGS.items()},
+        full_graphs=[name for name, (_, graphs) in CONFIGS.items() if graphs == "on"])
     assert set(res) == set(CONFIGS)
     assert report.check(res) == []
     # the prefix-caching engines reused something (the check compares with the expected value)

@@ -7,13 +7,12 @@ engine without speculation, drafts reported, FULL decode graphs captured, no gdn
 compiled after start-up. Run where vLLM is staged:
 ``python3 -m pytest -m vllm_gpu tests/test_vllm_spec_e2e.py`` (a few minutes)."""
 
-import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_vllm_engines
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"fp32_plugin_nospec": [], "fp32_plugin_ngram3": ["--spec", "ngram", "--spec-k", "3"],
@@ -25,28 +24,12 @@ def test_speculative_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
     model = tmp_path / "tiny_fp32_mtp"
     subprocess.run([sys.executable, "-m", "tools.tiny_model", str(model), "--dtype", "float32",
                     "--mtp"], check=True, capture_output=True, timeout=300, cwd=ROOT)
-    procs = {}
-    for name, spec in CONFIGS.items():
-        env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / f"tc_{name}"))
-        log = open(tmp_path / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen(
-            [sys.executable, str(ROOT / "profiling" / "vllm_e2e.py"), "--model", str(model),
-             "--dtype", "float32", "--plugin", "on", "--prefix-caching", "on", "--graphs", "on",
-             "--kv-cache-gib", "3", "--max-model-len", "8192", "--scenarios",
-             "shared,system,chat", "--shared-len", "4000", "--system-len", "1000", "--gen", "32",
-             "--chat-len", "800", "--chat-gen", "300", *spec,
-             "--out", str(tmp_path / f"{name}.json")], stdout=log, stderr=subprocess.STDOUT,
-            env=env), log)
-    for name, (p, log) in procs.items():
-        rc = p.wait(timeout=900)
-        log.close()
-        text = (tmp_path / f"{name}.log").read_text(errors="replace")
-        assert rc == 0, f"{name} exited {rc}:\n{text[-3000:]}"
-        assert "GDN layers run on gdn_graphs kernels" in text, name
-    spec = importlib.util.spec_from_file_location("vllm_report", ROOT / "profiling" / "vllm_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
-    res = report.load(tmp_path)
+    common = ["--dtype", "float32", "--plugin", "on", "--prefix-caching", "on", "--graphs", "on",
+              "--kv-cache-gib", "3", "--max-model-len", "8192", "--scenarios", "shared,system,chat",
+              "--shared-len", "4000", "--system-len", "1000", "--gen", "32", "--chat-len", "800",
+              "--chat-gen", "300"]
+    res, report = run_vllm_engines(tmp_path, model,
+                                   {name: [*common, *spec] for name, spec in CONFIGS.items()})
     assert set(res) == set(CONFIGS)
     assert report.check(res) == []
     for name in CONFIGS:

@@ -18,8 +18,8 @@
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
-#                                                # fp32 plugin without spec / ngram k=3 / MTP k=2,
-#                                                # bf16 plugin ngram vs vLLM's own mode ngram
+#                                                # fp32 plugin without spec / ngram k=3 / MTP k=2
+#   bash profiling/vllm_session.sh spec_bf16     # bf16 plugin ngram, then vLLM's own mode ngram
 #   bash profiling/vllm_session.sh spec_qwen3_5  # issue 12: tiny Qwen3.5 dense with MTP k=2
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
@@ -167,21 +167,31 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --ttft-len 16000 &
     done
     wait ;;
-  spec)  # issue 12, five engines side by side (one device call): float32 tiny Qwen3-Next with its
-    # MTP layer (tools/tiny_model.py --mtp; the main weights are M32's), prefix caching on: the
-    # plugin without speculation (the token reference), with n-gram k=3, with MTP k=2; bf16: the
-    # plugin and vLLM's own "align" mode, both n-gram k=3 (reuse, acceptance, decode tok/s)
+  spec|spec_bf16)  # issue 12. spec: three float32 engines side by side (tokens and reuse only):
+    # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
+    # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3,
+    # with MTP k=2. spec_bf16: the plugin, then vLLM's own "align" mode, with the same
+    # speculation (SPEC_BF16, default n-gram k=3 then MTP k=2), one engine after the other
+    # (reuse, acceptance, decode tok/s)
     MM=/tmp/tiny_qwen3_next_fp32_mtp
     [ -d $MM ] || python3 -m tools.tiny_model $MM --dtype float32 --mtp > /dev/null 2>&1
     sc="--scenarios shared,system,chat,decode --shared-len 4000 --system-len 1500 --gen 64"
     sc="$sc --chat-len 1000 --chat-gen 400 --decode-batch 16 --decode-tokens 256"
     kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
-    e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
-    e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram --spec-k 3 $kv &
-    e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
-    e2e bf16_plugin_ngram3  $M16 --dtype bfloat16 --plugin on  --spec ngram --spec-k 3 $kv &
-    e2e bf16_vllm_ngram3    $M16 --dtype bfloat16 --plugin off --spec ngram --spec-k 3 $kv &
-    wait ;;
+    if [ $target = spec ]; then
+      e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
+      e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram --spec-k 3 $kv &
+      e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
+      wait
+    else
+      MB=/tmp/tiny_qwen3_next_bf16_mtp
+      [ -d $MB ] || python3 -m tools.tiny_model $MB --dtype bfloat16 --mtp > /dev/null 2>&1
+      for m in ${SPEC_BF16:-ngram3 mtp2}; do  # method + k; the same model for both engines
+        meth=${m%%[0-9]*}; k=${m#$meth}; mod=$M16; [ $meth = mtp ] && mod=$MB
+        e2e bf16_plugin_$m $mod --dtype bfloat16 --plugin on  --spec $meth --spec-k $k $kv
+        e2e bf16_vllm_$m   $mod --dtype bfloat16 --plugin off --spec $meth --spec-k $k $kv
+      done
+    fi ;;
   spec_qwen3_5)  # issue 12: tiny Qwen3.5 dense (config with one MTP layer, dummy weights), text
     # model only: fp32 plugin without / with MTP k=2 (tokens, reuse), bf16 plugin vs vLLM's own
     # mode with MTP k=2 (vLLM's own GDN prefill refuses fp32)

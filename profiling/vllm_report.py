@@ -45,7 +45,7 @@ def our_kernel_names() -> set:
     return names
 
 
-def check(res: dict) -> list:
+def check(res: dict, near_ties: list | None = None) -> list:
     """What issue 5's end-to-end runs must show, as a list of failures (empty: all good).
 
     * an engine with the plugin and prefix caching on runs in mamba cache mode "all", and every
@@ -59,7 +59,9 @@ def check(res: dict) -> list:
     * with speculative decoding (issue 12): turns 2 and 3 of the chat scenario reuse every whole
       block of the previous prompt and answer (plugin, prefix caching on), vLLM reports drafts,
       and an engine with CUDA graphs on captured FULL decode graphs. Float32 tokens are compared
-      with an engine without speculation where there is one.
+      with an engine without speculation where there is one. A difference where either engine's
+      top-2 logits are within NEAR_TIE goes to ``near_ties`` instead (reported, not a failure),
+      and a chat turn after a differing one is not compared (its prompt holds the other answer).
     """
     problems, fp32, ours = [], {}, our_kernel_names()
     for name, r in sorted(res.items()):
@@ -104,11 +106,25 @@ def check(res: dict) -> list:
         for key in sorted(set(fp32[n]) & set(fp32[base])) if n != base else ():
             for i, (x, y) in enumerate(zip(fp32[n][key], fp32[base][key])):
                 d = first_diff(x, y)
-                if d is not None:
-                    problems.append(f"{n}: float32 tokens of {key!r} run {i} differ from {base} "
-                                    f"at position {d} (top-2 margin there: "
-                                    f"{_margin(res[n], key, i, d)} / {_margin(res[base], key, i, d)})")
+                if d is None:
+                    continue
+                m = (_margin(res[n], key, i, d), _margin(res[base], key, i, d))
+                line = (f"{n}: float32 tokens of {key!r} run {i} differ from {base} at position "
+                        f"{d} (top-2 margin there: {m[0]} / {m[1]})")
+                if all(x is not None for x in m) and min(m) < NEAR_TIE:
+                    # two logits within NEAR_TIE: a different (equally valid) summation order
+                    # picks the other one; reported, not a failure
+                    (near_ties if near_ties is not None else []).append(line)
+                else:
+                    problems.append(line)
+                if key == "chat":
+                    break  # a later turn's prompt holds this answer: the prompts differ from here
     return problems
+
+
+# top-2 logit margins below this are near-ties (float32 logits of the tiny random models are O(1):
+# seen 4e-5 / 0.0 where speculative verification and plain decode picked different tokens)
+NEAR_TIE = 1e-3
 
 
 def _margin(r: dict, key: str, run: int, pos: int):
@@ -290,7 +306,10 @@ def main(argv=None):
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     if a.check:
-        problems = check(res)
+        near_ties = []
+        problems = check(res, near_ties)
+        for line in near_ties:
+            print("near-tie token difference (not a failure): " + line)
         print("check: " + ("passed" if not problems else "FAILED\n  " + "\n  ".join(problems)))
         return 1 if problems else 0
     return 0

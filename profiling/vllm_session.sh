@@ -148,10 +148,14 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     done ;;
   edge)  # issue 16: vLLM's own mode auto-fits max_model_len (-1) to a small KV size; the plugin
     # must start at that length with the same KV size (and serve a prompt near it)
+    # (EDGE_L: the length a previous call's own-mode engine fit, to run the plugin alone)
     kv="--kv-cache-gib ${EDGE_GIB:-0.008}"
-    e2e edge_vllm $M16 --dtype bfloat16 --plugin off --prefix-caching on --graphs on $kv \
-        --max-model-len -1 --scenarios system
-    L=$(python3 -c "import json; print(json.load(open('$D/edge_vllm.json'))['max_model_len'])")
+    L=${EDGE_L:-}
+    if [ -z "$L" ]; then
+      e2e edge_vllm $M16 --dtype bfloat16 --plugin off --prefix-caching on --graphs on $kv \
+          --max-model-len -1 --scenarios system
+      L=$(python3 -c "import json; print(json.load(open('$D/edge_vllm.json'))['max_model_len'])")
+    fi
     echo "vLLM's own mode auto-fit max_model_len: $L"
     e2e edge_plugin $M16 --dtype bfloat16 --plugin on --prefix-caching on --graphs on $kv \
         --max-model-len "$L" --scenarios system,ttft --ttft-len $((L - 200)) ;;
@@ -188,8 +192,10 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
       [ -d $MB ] || python3 -m tools.tiny_model $MB --dtype bfloat16 --mtp > /dev/null 2>&1
       for m in ${SPEC_BF16:-ngram3 mtp2}; do  # method + k; the same model for both engines
         meth=${m%%[0-9]*}; k=${m#$meth}; mod=$M16; [ $meth = mtp ] && mod=$MB
-        e2e bf16_plugin_$m $mod --dtype bfloat16 --plugin on  --spec $meth --spec-k $k $kv
-        e2e bf16_vllm_$m   $mod --dtype bfloat16 --plugin off --spec $meth --spec-k $k $kv
+        for who in ${WHO:-plugin vllm}; do
+          p=on; [ $who = vllm ] && p=off
+          e2e bf16_${who}_$m $mod --dtype bfloat16 --plugin $p --spec $meth --spec-k $k $kv
+        done
       done
     fi ;;
   spec_qwen3_5)  # issue 12: tiny Qwen3.5 dense (config with one MTP layer, dummy weights), text

@@ -123,6 +123,24 @@ def test_float32_tokens_are_compared_with_the_engine_without_speculation(report,
                           "fp32_plugin_nopc_graphs at position 3"), msg
 
 
+def test_near_tie_differences_are_reported_apart_and_later_chat_turns_skipped(report, correctness):
+    res = copy.deepcopy(correctness)
+    for name in ("fp32_plugin_nopc_eager", "fp32_plugin_pc_eager"):
+        _spec_engine(res, name)
+    ref = "fp32_plugin_nopc_graphs"  # the first float32 engine without speculation
+    _spec_engine(res, ref, method="none")
+    for name, margin in (("fp32_plugin_nopc_eager", 4e-5), ("fp32_plugin_pc_eager", 0.5)):
+        chat = res[name]["scenarios"]["chat"]["runs"]
+        chat[1]["tokens"][1] += 1          # turn 2 differs at position 1 ...
+        chat[1]["top2_margins"][1] = margin
+        chat[2]["tokens"][0] += 1          # ... so turn 3's prompt differs: not compared
+    ties = []
+    probs = report.check(res, ties)
+    assert [t.split(":")[0] for t in ties] == ["fp32_plugin_nopc_eager"], ties
+    assert probs == [f"fp32_plugin_pc_eager: float32 tokens of 'chat' run 1 differ from {ref} at "
+                     f"position 1 (top-2 margin there: 0.5 / 1)"], probs
+
+
 def test_capture_lines_are_read_from_the_log(report, tmp_path):
     import json
     (tmp_path / "x.json").write_text(json.dumps({"config": {}, "scenarios": {}}))

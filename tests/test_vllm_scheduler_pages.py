@@ -11,7 +11,11 @@ from test_vllm_plugin import _engine_config, _final_block_size, vllm_cpu, vllm_d
 from test_vllm_state_pages import B, check_pool, gdn_managers, request, specs
 
 
-def scheduler(path, num_blocks, async_scheduling, max_model_len=8192, max_num_batched_tokens=1024):
+def scheduler(path, num_blocks, async_scheduling, max_model_len=8192, max_num_batched_tokens=1024,
+              gdn_first=False):
+    """vLLM's Scheduler (AsyncScheduler) over our manager. ``gdn_first``: the KV-cache groups in
+    the order vLLM's get_kv_cache_configs gives them (the model's layer order: the GDN groups,
+    then attention), which is the order the coordinator allocates them in."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -26,6 +30,8 @@ def scheduler(path, num_blocks, async_scheduling, max_model_len=8192, max_num_ba
     attn, gdn = specs(step_tokens=cfg.max_in_flight_tokens)
     groups = [KVCacheGroupSpec(["model.layers.3.self_attn.attn"], attn)] + [
         KVCacheGroupSpec([f"model.layers.{i}.linear_attn"], gdn) for i in range(3)]
+    if gdn_first:
+        groups = groups[1:] + groups[:1]
     kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cls = AsyncScheduler if async_scheduling else Scheduler
     return cls(cfg, kvc, StructuredOutputManager(cfg), block_size=B, log_stats=True)
@@ -260,3 +266,107 @@ def test_the_start_up_check_admits_a_request_of_max_model_len(vllm_cpu, vllm_dis
         kv_cache_utils._max_memory_usage_bytes_from_groups = counted
     assert loose == edge + B
     assert _serve_one(vllm_cpu, blocks, loose, loose - 1) is None
+
+
+def _edge_scheduler(path, pages, async_scheduling, max_num_batched_tokens):
+    """vLLM's Scheduler on the pool that KV memory of ``pages`` pages gives, at the largest
+    max_model_len vLLM's start-up check accepts with the plugin there, its groups in vLLM's
+    order (checked against get_kv_cache_configs): (scheduler, max_model_len)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from gdn_graphs.vllm.v0_26.state_pages import GDNStateSpec
+    from test_vllm_capacity import _largest_fit, gdn_spec, kv_config
+
+    cfg, spec = gdn_spec(path, {}, max_model_len=8192)
+    memory = pages * spec.page_size_bytes + 1000
+    edge = _largest_fit(cfg, spec, memory)
+    cfg.model_config.max_model_len = edge
+    kvc = kv_config(cfg, spec, memory)
+    assert kvc.num_blocks == pages and edge == (pages - 1 - 3) * B  # null block, a page a group
+    assert [type(g.kv_cache_spec) for g in kvc.kv_cache_groups] == [GDNStateSpec] * 3 + [
+        FullAttentionSpec]
+    return scheduler(path, kvc.num_blocks, async_scheduling, max_model_len=edge,
+                     max_num_batched_tokens=max_num_batched_tokens, gdn_first=True), edge
+
+
+def _serve_in_turn(sched, reqs, async_scheduling, rng, steps=120):
+    """Each request in turn, the next once the one before has finished (its output in); the
+    pool is recounted after every call (check_pool). {request id: (its prefix hit, steps it
+    took, or None if unfinished after ``steps``)}, and the preemptions."""
+    kvm, in_flight, got, preempted = sched.kv_cache_manager, [], {}, 0
+    for r in reqs:
+        sched.add_request(r)
+        hit, took = None, None
+        for n in range(steps):
+            out = sched.schedule()
+            preempted += len(out.preempted_req_ids or ())
+            for new in out.scheduled_new_reqs:
+                hit = new.num_computed_tokens if hit is None else hit
+            check_pool(kvm)
+            step_outputs(sched, out, in_flight, async_scheduling, rng,
+                         after=lambda: check_pool(kvm))
+            if r.is_finished() and not in_flight:
+                took = n + 1
+                break
+        got[r.request_id] = (hit, took)
+        if took is None:
+            break
+    return got, preempted
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("max_num_batched_tokens", [8192, 4096, 2048])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_edge_prompt_after_system_prompts_finishes(vllm_cpu, vllm_dist, async_scheduling,
+                                                      max_num_batched_tokens):
+    """The GPU run that hung (tiny Qwen3-Next, KV memory of 87 pages, max_model_len at the edge:
+    one request of it fits the pool, 1.01x): three questions on a 3,000-token system prompt,
+    then a fresh prompt of max_model_len - 200 and the same prompt again, each finishes in a
+    bounded number of steps. With vLLM's group order (GDN groups allocated before attention,
+    so the first chunk of the long prompt keeps checkpoints from the slack) and async
+    scheduling, its second chunk was allocated while the first, whose checkpoints it still
+    held, was in flight: short of pages, vLLM preempted it, and its own cached states then made
+    it need a page per group more than the pool holds at vLLM's full-sequence gate, so it waited
+    for ever. Now the request gives back the pages it keeps (never the one an in-flight step
+    reads), and takes no prefix hit it could not be admitted with; and (chunks of 4,096) a
+    chunk moves its running page in place where the rest of the prompt could not get its pages
+    while the page the chunk in flight reads is held (else: preempted and recomputed for ever)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    sched, edge = _edge_scheduler(vllm_cpu, 87, async_scheduling, max_num_batched_tokens)
+    rng = np.random.default_rng(0)
+    system = rng.integers(10, 4000, 3000).tolist()
+    reqs = [request(f"s{i}", system + rng.integers(10, 4000, 200).tolist(), max_tokens=32)
+            for i in range(3)]
+    long = rng.integers(10, 4000, edge - 200).tolist()
+    reqs += [request("cold", long, max_tokens=32), request("warm", long, max_tokens=32)]
+    got, preempted = _serve_in_turn(sched, reqs, async_scheduling, rng)
+    assert all(took is not None for _, took in got.values()), got
+    assert [got[f"s{i}"][0] for i in range(3)] == [0, 2880, 2880]
+    assert all(len(r.output_token_ids) == 32 for r in reqs) and preempted == 0
+    stats = gdn_managers(sched.kv_cache_manager)[0].stats
+    assert stats.held == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_edge_prompt_whose_prefix_states_are_cached_is_admitted(vllm_cpu, vllm_dist,
+                                                                   async_scheduling):
+    """A prompt of max_model_len - 200 whose first 8,000 tokens were a prompt before (their
+    states cached, the pool otherwise evictable): with a GDN hit it would hold the hit's page
+    besides the one it writes in each group, which vLLM's full-sequence gate counts and the
+    pool at the edge cannot give, so it waited for ever; it is admitted without the hit and
+    finishes."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    sched, edge = _edge_scheduler(vllm_cpu, 87, async_scheduling, 8192)
+    rng = np.random.default_rng(1)
+    long = rng.integers(10, 4000, edge - 200).tolist()
+    got, _ = _serve_in_turn(sched, [request("head", long[:8000], max_tokens=1),
+                                    request("long", long, max_tokens=32)], async_scheduling, rng)
+    assert got["long"][1] is not None, got
+    assert gdn_managers(sched.kv_cache_manager)[0].stats.held == 0

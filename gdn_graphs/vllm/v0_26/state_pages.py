@@ -9,7 +9,9 @@ kernels allow a row to read the slot it writes). Everything else is optional:
 
 * the page a step writes its final state to when it crosses a block boundary (so the state at
   the boundary stays cached) is a fresh page while the pool has slack, else the running page
-  moves to the new column in place (the boundary's state is dropped from the cache);
+  moves to the new column in place (the boundary's state is dropped from the cache); under
+  async scheduling also where the rest of the prompt could not get its pages while the page a
+  step in flight reads is held (``_short_ahead``);
 * a checkpoint (the state at a boundary inside a prefill chunk) gets a page only from the slack,
   prompt ends first (the replay boundary vLLM hits when a prompt comes back), then the
   ``keep_states`` policy; a checkpoint without a page is a null block ("no slot").
@@ -20,6 +22,14 @@ kernels allow a row to read the slot it writes). Everything else is optional:
   the attention blocks before them: the next request on the same prefix (a system prompt) finds
   them however fast the LRU turns over; a request gives them back before it would go short of
   its own pages, and frees its latest boundary state last when it ends.
+
+When a step would go short, the request gives back every page it keeps beyond its running page
+(the above, and the checkpoints of a step still in flight under async scheduling, which it only
+writes) to the cache, but never the page an in-flight step reads. A request whose whole sequence
+leaves the pool less than a page per group beyond its own pages takes no GDN prefix hit: a hit
+costs its page besides the page the request writes, which vLLM's full-sequence admission gate
+counts, so that request would wait forever (its own states, cached when it was preempted, or a
+previous run of its prompt, are what it would hit).
 
 "Slack" is what the pool's free pages (evictable cached pages included) exceed a reserve by: the
 pages the step's other running requests may still need (their remaining prompts' attention pages
@@ -38,6 +48,7 @@ from dataclasses import dataclass, field
 
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.kv_cache_utils import BlockHashListWithBlockSize
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
@@ -204,6 +215,34 @@ class GDNStateManager(MambaManager):
         self._pin: dict[str, set[int]] = {}     # columns a request keeps: its hit, a junction
         self._added: dict[str, tuple] = {}      # this step's (first column, the list returned)
         self._last: dict[str, int] = {}         # the column of its latest passed boundary state
+        self._processed: dict[str, int] = {}    # tokens of finished steps (remove_skipped_blocks)
+        self._seq_len: dict[str, int] = {}      # the request's tokens at its last allocation
+
+    # ------------------------------------------------------------------------- prefix hits
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool,
+                               kv_cache_spec, *args, **kwargs):
+        """vLLM's lookup, but no hit for a request that could not be admitted with one: a hit
+        holds its state's page in each GDN group besides the page the request writes, and
+        vLLM's full-sequence gate counts both (``get_num_blocks_to_allocate``), so where the
+        request's whole sequence (its attention pages, one attention group as in
+        ``_reserve``) plus that leaves the pool (all but the null block) less than a page per
+        group, it would wait for ever, also in an empty pool. Without the hit (the attention
+        groups then recompute too) the gate counts the one page per group it runs with."""
+        hit = super().find_longest_cache_hit(block_hashes, max_length, kv_cache_group_ids,
+                                             block_pool, kv_cache_spec, *args, **kwargs)
+        if not hit[1]:
+            return hit
+        raw = (block_hashes.block_hashes if isinstance(block_hashes, BlockHashListWithBlockSize)
+               else block_hashes)  # the request's hashes, one per hash block of its tokens
+        tokens = (len(raw) + 1) * block_pool.hash_block_size - 1  # at most (a partial block)
+        n = len(kv_cache_group_ids)
+        need = (cdiv(tokens, kv_cache_spec.block_size)
+                + n * (1 + kv_cache_spec.num_speculative_blocks) + n)
+        if need > block_pool.num_gpu_blocks - 1:
+            return tuple([] for _ in kv_cache_group_ids), 0
+        return hit
 
     # ---------------------------------------------------------------------- what a step takes
 
@@ -240,13 +279,46 @@ class GDNStateManager(MambaManager):
         private = (not new_computed_blocks and bool(held) and not held[-1].is_null
                    and held[-1].ref_cnt == 1)
         first, end = len(held) + len(new_computed_blocks), cdiv(num_tokens, self.block_size)
-        in_place = private and self._slack(request_id, first, end) < 1
+        if held:  # its kept pages go back (every group's at once) before the request goes short
+            self._shared("unpin", request_id, (first, end),
+                         lambda: self._give_back_if_short(request_id, first, end))
+        # one answer for every group: in place or not decides which columns keep a page
+        in_place = self._shared("in_place", request_id, (first, end), lambda: (
+            self._slack(request_id, first, end) < 1
+            or self._short_ahead(request_id, end, total_computed_tokens))) and private
         self._in_place[request_id] = in_place
-        if held and (self._pin.get(request_id) or request_id in self._last) and self._shared(
-                "unpin", request_id, (first, end), lambda: self.block_pool.get_num_free_blocks()
-                < (end - first) + len(self.stats.managers)):
-            self._unpin(request_id)  # its kept pages go back before the request goes short
         return evictable + (0 if in_place else 1)
+
+    def _short_ahead(self, request_id, end: int, computed: int) -> bool:
+        """With a step of the request in flight (async scheduling), whether its later chunks
+        could not be given their pages if this one kept the page it reads: the next allocation
+        comes while this step is in flight, and the page this step reads stays held till then.
+        Moving in place carries no page over, so the request's whole prompt then needs its
+        attention columns and a page per group, which the start-up check guarantees for a
+        request alone in the pool; kept, it would need a page per group more (at the edge of
+        the pool it would be preempted and recompute for ever). Counted against the free pages
+        and the request's own (attention columns, unshared GDN pages: it gives them back)."""
+        if self._processed.get(request_id, computed) >= computed:
+            return False  # nothing in flight: the page this step reads is freed before the next
+        cols = cdiv(max(self._prompt_len.get(request_id, 0), self._seq_len.get(request_id, 0)),
+                    self.block_size)
+        if cols <= end:
+            return False  # the prompt ends in this step
+        own = len(self.req_to_blocks[request_id]) + sum(
+            not b.is_null and b.ref_cnt == 1 for m in self.stats.managers
+            for b in m.req_to_blocks.get(request_id, ()))
+        return cols + 2 * len(self.stats.managers) > self.block_pool.get_num_free_blocks() + own
+
+    def _give_back_if_short(self, request_id, first: int, end: int) -> bool:
+        """If the free pages do not cover the step's new attention columns and a page per GDN
+        group, every group gives back the pages the request keeps (``_unpin``)."""
+        if not self._kept_cols(request_id) or (self.block_pool.get_num_free_blocks()
+                                                >= (end - first) + len(self.stats.managers)):
+            return False
+        for m in self.stats.managers:
+            if request_id in m.req_to_blocks:
+                m._unpin(request_id)
+        return True
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
         blocks = self.req_to_blocks[request_id]
@@ -307,18 +379,37 @@ class GDNStateManager(MambaManager):
             return keep
         return self._shared("keep", request_id, (first, end), decide)
 
+    def _read_col(self, request_id) -> int:
+        """The column whose state the request's oldest unfinished step reads (the state after
+        its finished steps' tokens); -1 when that is none."""
+        return (self._processed.get(request_id, 0) - 1) // self.block_size
+
+    def _kept_cols(self, request_id) -> list[int]:
+        """Columns of pages the request holds but no step of it reads: all before its running
+        page but the one an in-flight step reads (its hit and junction states, its latest
+        boundary state, and under async scheduling the checkpoints of a step in flight, which
+        that step only writes)."""
+        blocks = self.req_to_blocks.get(request_id, ())
+        read = self._read_col(request_id)
+        return [j for j in range(len(blocks) - 1) if not blocks[j].is_null and j != read]
+
     def _unpin(self, request_id) -> None:
-        """Back to the cache (evictable, still findable) with the pages the request kept: its
-        hit and junction states and its latest boundary state."""
+        """Back to the cache (evictable, still findable) with the pages the request kept
+        (``_kept_cols``), tail first, the prompt's replay boundary last (the LRU evicts in that
+        order); a page another request holds just loses this request's reference."""
         blocks = self.req_to_blocks.get(request_id)
-        cols = set(self._pin.pop(request_id, ()))
-        if request_id in self._last:
-            cols.add(self._last.pop(request_id))
-        for col in cols:
-            if blocks and col < len(blocks) - 1 and not blocks[col].is_null:
-                page, blocks[col] = blocks[col], self._null_block
-                self.block_pool.free_blocks([page])
-                self.stats.add_held(-1)
+        cols = self._kept_cols(request_id)
+        self._pin.pop(request_id, None)
+        self._last.pop(request_id, None)
+        if not cols:
+            return
+        replay = self._replay_col(request_id)
+        cols.sort(key=lambda j: (j == replay, -j))
+        freed = [blocks[j] for j in cols]
+        for j in cols:
+            blocks[j] = self._null_block
+        self.block_pool.free_blocks(freed)
+        self.stats.add_held(-len(freed))
 
     def _replay_col(self, request_id) -> int:
         """The column holding the state a returning prompt hits (vLLM caps hits at prompt - 1)."""
@@ -341,6 +432,7 @@ class GDNStateManager(MambaManager):
         allocation could not see. The page goes into this step's new columns (the list the
         allocation returned, which becomes the step's block ids), the same in every GDN group,
         and the request keeps it while it runs: the next request on that prefix hits it."""
+        self._seq_len[request.request_id] = request.num_tokens
         self._fill_junction(request)
         super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
 
@@ -398,6 +490,8 @@ class GDNStateManager(MambaManager):
         the free queue last, so the LRU evicts them last."""
         if num_prompt_tokens is not None:
             self._prompt_len[request_id] = num_prompt_tokens
+        if request_id in self.req_to_blocks:
+            self._processed[request_id] = processed_computed_tokens
         blocks = self.req_to_blocks.get(request_id)
         if not blocks or processed_computed_tokens <= 0:
             return
@@ -437,9 +531,9 @@ class GDNStateManager(MambaManager):
 
     def pop_blocks_for_free(self, request_id):
         for d in (self._prompt_len, self._freed_upto, self._in_place, self._pin, self._added,
-                  self._last):
+                  self._last, self._processed, self._seq_len):
             d.pop(request_id, None)
-        for kind in ("keep", "junction", "unpin"):
+        for kind in ("keep", "junction", "unpin", "in_place"):
             self.stats.decisions.pop((kind, request_id), None)
         blocks = super().pop_blocks_for_free(request_id)
         self.stats.add_held(-sum(not b.is_null for b in blocks))

@@ -167,6 +167,7 @@ def test_qwen3_5_model_classes_build_in_align_mode_then_switch_on(vllm_cpu, monk
     try:
         for cls in (M.Qwen3_5AllForConditionalGeneration, M.Qwen3_5MoeAllForConditionalGeneration):
             assert cls.supports_mamba_prefix_caching is True
+            assert cls.__name__ == FakeParent.__name__  # vLLM dispatches on class names
             assert {"vllm_config", "prefix"} <= set(inspect.signature(cls).parameters)
             cfg = _fake_engine_config("Qwen3_5ForConditionalGeneration", mamba_cache_mode="all")
             model = cls(vllm_config=cfg)
@@ -221,6 +222,12 @@ def test_layer_swap_and_backend(vllm_cpu):
     L.install_layer()  # idempotent
     assert L.GDNGraphsBackend.get_builder_cls() is L.GDNGraphsBuilder
     assert L.Qwen3NextAllForCausalLM.supports_mamba_prefix_caching is True
+    # vLLM dispatches on model.__class__.__name__ (the MTP drafter's load_model): keep its names
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+    from vllm.model_executor.models.qwen3_next_mtp import Qwen3NextMTP
+    assert L.Qwen3NextAllForCausalLM.__name__ == Qwen3NextForCausalLM.__name__
+    assert L.Qwen3NextMTPAll.__name__ == Qwen3NextMTP.__name__
+    assert issubclass(L.Qwen3NextMTPAll, Qwen3NextMTP) and L.Qwen3NextMTPAll is not Qwen3NextMTP
     # vLLM's initialize_model passes prefix only to constructors whose signature names it
     assert {"vllm_config", "prefix"} <= set(inspect.signature(L.Qwen3NextAllForCausalLM).parameters)
 

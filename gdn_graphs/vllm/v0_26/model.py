@@ -74,7 +74,9 @@ def all_mode_model(base: type, default_prefix: str) -> type:
         # The layers were built while the mode read "align": switch them on now that it is back.
         switch_on_layers(self, vllm_config)
 
-    name = base.__name__.replace("For", "AllFor", 1)
+    # vLLM's own name: it dispatches on ``model.__class__.__name__`` (seen: the MTP drafter's
+    # load_model finds Qwen3.5's image token by it, and fails for any other name)
+    name = base.__name__
     return type(name, (base,), {
         "__init__": __init__, "__module__": __name__,
         "__qualname__": name, "__doc__": f"{base.__name__} with a GDN state at every block "
@@ -94,7 +96,7 @@ def all_mode_draft(base: type) -> type:
         with built_in_align_mode(vllm_config):
             base.__init__(self, vllm_config=vllm_config, prefix=prefix)
 
-    name = base.__name__ + "All"
+    name = base.__name__  # vLLM's own name, as in all_mode_model
     return type(name, (base,), {"__init__": __init__, "__module__": __name__,
                                 "__qualname__": name, "__doc__": f"{base.__name__}, built in an "
                                 f"engine whose GDN layers run mode 'all' on gdn_graphs."})

@@ -134,7 +134,7 @@ def check_speculative(vllm_config) -> None:
     logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout)", method, k)
     # Qwen3-Next ran on an H200 (n-gram k=3, MTP k=2: float32 tokens as without speculation);
     # Qwen3.5 with MTP has not yet (README "With vLLM"): said at every such engine build
-    archs = getattr(vllm_config.model_config, "architectures", None) or ()
+    archs = getattr(getattr(vllm_config, "model_config", None), "architectures", None) or ()
     if not any(a.startswith("Qwen3Next") for a in archs):
         logger.warning("gdn_graphs: speculative decoding with the plugin has run on a GPU for "
                        "Qwen3-Next only; for %s it has passed its CPU tests, not a GPU run: %s if "

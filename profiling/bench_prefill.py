@@ -1,7 +1,7 @@
 """Benchmark the chunked GDN prefill (gdn_chunk_prefill) on the device (Qwen3-Next shapes), side by
 side with fla-core, vLLM's Triton path and FlashInfer.
 
-    python3 profiling/bench_prefill.py --out DIR [--quick] [--tp 1,2] [--only ours,fla,vllm,fi]
+    python3 profiling/bench_prefill.py --out DIR [--quick] [--tp 1,2] [--only ours,fla,vllm,fi,vllm_fi]
 
 Shapes: K = V = 128, bf16 inputs, fp32 pool; heads HK 16 / HV 32 (TP 1) and HK 8 / HV 16 (TP 2,
 --tp); batches 1x8192, 8x2048, 4x16384 (every sequence fresh: read slot -1). Checkpoints off (no
@@ -37,6 +37,16 @@ own slot). It reports
     gets its speed relative to FlashInfer without checkpoints ("vs FI off" line). Its kernels
     compile on first use of a configuration (8-17 s each, MLIR -> PTX): that first call is timed
     apart ("first call s") and kept out of the medians;
+  * "vLLM default (FI)" (column vllm_fi) when vLLM and FlashInfer import: what vLLM 0.26 runs per
+    GDN layer for a prefill batch on SM90, through vLLM's own functions, timed as one call with a
+    persistent fp32 pool [slots, HV, V, K]: fused_post_conv_prep on the conv output [T, 2*HK*K +
+    HV*V] (the packed tensor q, k, v are views of; split, l2norm of q and k, g and beta, one
+    Triton kernel), the gather ssm_state[state_indices] with the rows without an initial state
+    zeroed (all of them: every sequence is fresh), fi_chunk_gated_delta_rule (vLLM's wrapper:
+    contiguous, fp32 casts, exp(g), FlashInfer's chunk_gated_delta_rule; no checkpoints) and the
+    scatter of the final states into the slots. Relative differences of its outputs and pool
+    states to ours; its speed against "FI off" (the kernel alone) in the "vs FI off" line, and
+    "ours via FI / vLLM default (FI)" (> 1: ours via FI faster, checkpoints included);
   * a sweep of the launch knobs (ChunkConfig: bv, warps_seq, stages; warps_intra on the parallel
     kernel alone) on 1x8192 with B = 256 (TP-1 heads), the best three re-timed on the other shapes.
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
@@ -66,7 +76,7 @@ TP_HEADS = {1: (16, 32), 2: (8, 16)}  # (HK, HV) per tensor-parallel degree of Q
 HK, HV, K, V = 16, 32, 128, 128       # the heads of the TP degree being run (set_tp)
 SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
 MODES = [("off", None), ("B=256", 256), ("B=1024", 1024)]
-COLUMNS = ("ours", "fla", "vllm", "fi")
+COLUMNS = ("ours", "fla", "vllm", "fi", "vllm_fi")
 # a multiple of 64 beyond every position and below the kernels' cap on positions and block sizes
 # (gdn_graphs.ops.common.MAX_POS = 2**30, not imported here: triton must load after --cpu-dry-run)
 OFF_BLOCK = 1 << 29
@@ -127,8 +137,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", type=_shapes, default=None, metavar="1x8192,8x2048",
                    help="batches NSEQxLEN (default 1x8192,8x2048,4x16384)")
     p.add_argument("--no-fla", action="store_true", help="skip the fla-core comparison")
-    p.add_argument("--no-vllm", action="store_true", help="skip vLLM's Triton path")
-    p.add_argument("--no-fi", action="store_true", help="skip FlashInfer")
+    p.add_argument("--no-vllm", action="store_true", help="skip vLLM's Triton path (and vllm_fi)")
+    p.add_argument("--no-fi", action="store_true", help="skip FlashInfer (and vllm_fi)")
     p.add_argument("--no-sweep", action="store_true", help="skip the launch-knob sweep")
     p.add_argument("--sweep-only", action="store_true", help="only the launch-knob sweep")
     p.add_argument("--sweep-worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -136,9 +146,10 @@ def parse_args(argv=None):
                    help="check the bookkeeping on the CPU (Triton interpreter, tiny shapes, wall-clock "
                         "timer, no fla/vLLM/FlashInfer); the numbers mean nothing")
     args = p.parse_args(argv)
-    for name in ("fla", "vllm", "fi"):
-        if getattr(args, f"no_{name}") and name in args.only:
-            args.only.remove(name)
+    dropped = {name for name in ("fla", "vllm", "fi") if getattr(args, f"no_{name}")}
+    if dropped & {"vllm", "fi"}:
+        dropped.add("vllm_fi")  # needs both
+    args.only = [c for c in args.only if c not in dropped]
     return args
 
 
@@ -196,6 +207,7 @@ class Case:
         bf = torch.bfloat16
         # q, k, v as views of one packed projection output, as a model would pass them
         qkv = torch.randn(T, 2 * HK * K + HV * V, device=dev, generator=gen, dtype=bf)
+        self.qkv = qkv  # = vLLM's conv output (mixed_qkv after causal_conv1d): q, k, v heads in order
         self.q = qkv[:, :HK * K].unflatten(1, (HK, K))
         self.k = qkv[:, HK * K:2 * HK * K].unflatten(1, (HK, K))
         self.v = qkv[:, 2 * HK * K:].unflatten(1, (HV, V))
@@ -674,6 +686,58 @@ def bench_via_fi(torch, triton, fi, case, quick, res):
 
 
 # ---------------------------------------------------------------------------------------------
+# vLLM's default GDN prefill on SM90: its prep, gather, FlashInfer wrapper, scatter
+# ---------------------------------------------------------------------------------------------
+
+def load_vllm_fi():
+    """vLLM 0.26's fused_post_conv_prep and fi_chunk_gated_delta_rule, with FlashInfer importable
+    (the wrapper imports it on each call), or (None, reason)."""
+    try:
+        import vllm
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import fi_chunk_gated_delta_rule
+        from vllm.third_party.flash_linear_attention.ops import fused_post_conv_prep
+    except Exception as e:  # noqa: BLE001 - optional
+        return None, f"vLLM: {err_text(e, 200)}"
+    fi, err = load_fi()
+    if fi is None:
+        return None, f"FlashInfer: {err}"
+    return dict(prep=fused_post_conv_prep, fn=fi_chunk_gated_delta_rule,
+                version=getattr(vllm, "__version__", "?"), fi_version=fi["version"]), None
+
+
+def bench_vllm_fi(torch, triton, vf, case, quick, ref):
+    """vLLM's GatedDeltaNetAttention._forward_core for an all-prefill batch (no spec decode),
+    FlashInfer backend, timed as one call; a persistent pool as vLLM's ssm_state."""
+    T = case.T
+    pool = torch.zeros_like(case.pool)  # ssm_state: [slots, HV, V, K] fp32, as vLLM lays it out
+    state_idx = torch.tensor(case.slots["off"][0], device=DEVICE, dtype=torch.int32)
+    has_initial = torch.zeros(case.nseq, device=DEVICE, dtype=torch.bool)  # every sequence fresh
+    cu = torch.arange(0, T + 1, case.L, device=DEVICE, dtype=torch.int32)  # query_start_loc
+
+    def call():
+        q, k, v, g, beta = vf["prep"](
+            conv_output=case.qkv, a=case.a, b=case.b, A_log=case.A_log, dt_bias=case.dt_bias,
+            num_k_heads=case.HK, head_k_dim=K, head_v_dim=V, apply_l2norm=True, output_g_exp=False)
+        initial_state = pool[state_idx]
+        initial_state[~has_initial, ...] = 0
+        o, last_state = vf["fn"](
+            q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), g=g.unsqueeze(0),
+            beta=beta.unsqueeze(0), initial_state=initial_state, output_final_state=True,
+            cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+        pool[state_idx] = last_state.to(pool.dtype)
+        return o
+
+    t_first, _ = first_call_s(torch, call)
+    ms = bench_ms(triton, call, quick)
+    pool.zero_()
+    o = call()
+    res = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first, rel_diff_out=rel(o[0], ref["out"]),
+               peak_extra_MiB=peak_extra_mib(torch, call))
+    res.update(state_diffs(pool.index_select(0, state_idx.long()), ref["state"]))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
 # knob sweep
 # ---------------------------------------------------------------------------------------------
 
@@ -758,7 +822,8 @@ def plot_series(results):
              (f"FlashInfer, own ckpt {MODES[1][0]}", lambda e: _get(e, "fi", f"ckpt {MODES[1][0]}")),
              (f"FlashInfer + scatter to slots, {MODES[1][0]}", lambda e: _get(e, "fi", f"pool {MODES[1][0]}")),
              (f"ours via FlashInfer, {MODES[1][0]}", lambda e: _get(e, "fi", f"via {MODES[1][0]}")),
-             (f"ours via FlashInfer, {MODES[2][0]}", lambda e: _get(e, "fi", f"via {MODES[2][0]}"))]
+             (f"ours via FlashInfer, {MODES[2][0]}", lambda e: _get(e, "fi", f"via {MODES[2][0]}")),
+             ("vLLM default (FlashInfer, no ckpt)", lambda e: _get(e, "vllm_fi"))]
     return series + [s for s in extra if any(s[1](e) for e in entries)]
 
 
@@ -822,7 +887,11 @@ def format_row(shape, label, r, ours_ms=None):
     return f"{shape:>12} {label:>16} {r['ms']:8.3f} {r['Mtok_s']:8.2f} {vs}  " + "; ".join(notes)
 
 
-def ratios_vs_fi_off(ours, fi):
+def via_fi_keys():
+    return [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]
+
+
+def ratios_vs_fi_off(ours, fi, vllm_fi=None):
     """Speed of each column relative to FlashInfer without checkpoints (> 1: faster than it)."""
     off = fi.get("off", {}).get("ms")
     if not off:
@@ -831,7 +900,16 @@ def ratios_vs_fi_off(ours, fi):
     cols += [(f"FI ckpt {m}", fi.get(f"ckpt {m}")) for m, _ in MODES[1:]]
     cols += [(f"via FI {m}", fi.get(f"via {m}")) for m, _ in MODES[1:]]
     cols += [(f"via FI {MODES[1][0]} every 64", fi.get(f"via {MODES[1][0]} e{CHUNK_TOKENS}"))]
+    cols += [("vLLM default (FI)", vllm_fi)]
     return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
+
+
+def ratios_via_fi_vs_vllm_fi(fi, vllm_fi):
+    """Speed of ours via FlashInfer (checkpoints included) relative to vLLM's default (> 1: faster)."""
+    base = (vllm_fi or {}).get("ms")
+    cols = [(key.replace("via", "via FI").replace(f" e{CHUNK_TOKENS}", " every 64"), (fi or {}).get(key))
+            for key in via_fi_keys()]
+    return ", ".join(f"{label} {base / r['ms']:.2f}x" for label, r in cols if base and r and "ms" in r)
 
 
 def print_table(results, sweep_only=False):
@@ -885,14 +963,20 @@ def print_table(results, sweep_only=False):
             for key in keys:
                 if key in fi:
                     print(format_row(shape, f"FI {key}", fi[key], ours_ms(key)))
-            for key in [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]:
+            for key in via_fi_keys():
                 if key in fi:
                     print(format_row(shape, f"ours {key.replace('via', 'via FI')}", fi[key],
                                      ours_ms(key.split()[1])))
             print(f"{shape:>12} {'FI prep':>16} {prep} (l2norm q, k; exp(g), sigmoid(b) in fp32; "
                   f"not in the FI rows; in the 'ours via FI' rows, fused)")
-            print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi))
-    for col in ("fla", "vllm", "fi"):
+        if "vllm_fi" in r:
+            print(format_row(shape, "vLLM default (FI)", r["vllm_fi"], ours_ms("off")))
+        if fi and "error" not in fi:
+            print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi, r.get("vllm_fi")))
+        line = ratios_via_fi_vs_vllm_fi(fi, r.get("vllm_fi"))
+        if line:
+            print(f"{shape:>12} ours via FI / vLLM default (FI): {line}")
+    for col in ("fla", "vllm", "fi", "vllm_fi"):
         if results.get(f"{col}_error"):
             print(f"{col}: not compared: {results[f'{col}_error']}")
     _print_sweep(results)
@@ -926,7 +1010,8 @@ def _dry_run_setup():
 
 def _load_optional(args, name, loader):
     if name not in args.only:
-        return None, "skipped (not in --only / --no-" + name + ")"
+        flags = "--no-vllm / --no-fi" if name == "vllm_fi" else "--no-" + name
+        return None, f"skipped (not in --only / {flags})"
     if args.cpu_dry_run and not getattr(loader, "dry_run_ok", False):
         return None, "skipped (--cpu-dry-run)"
     return loader()
@@ -973,8 +1058,12 @@ def main(argv=None):
     fi, results["fi_error"] = _load_optional(args, "fi", load_fi)
     if fi is not None:
         results["fi_version"] = fi["version"]
+    vf, results["vllm_fi_error"] = _load_optional(args, "vllm_fi", load_vllm_fi)
+    if vf is not None:
+        results["vllm_fi_versions"] = dict(vllm=vf["version"], flashinfer=vf["fi_version"])
     log("columns: " + ", ".join(f"{c}: {'yes' if ok else results.get(c + '_error')}" for c, ok in
-                                (("ours", "ours" in args.only), ("fla", fla_fn), ("vllm", vl), ("fi", fi))))
+                                (("ours", "ours" in args.only), ("fla", fla_fn), ("vllm", vl), ("fi", fi),
+                                 ("vllm_fi", vf))))
     torch.set_grad_enabled(False)
     json_path = args.out / "bench_prefill.json"
     for tp in args.tp:
@@ -995,7 +1084,8 @@ def main(argv=None):
                 entry["ours"] = bench_ours(torch, triton, case, args.quick)
             for col, ok, fn in (("fla", fla_fn, lambda: bench_fla(torch, triton, fla_fn, case, args.quick)),
                                 ("vllm", vl, lambda: bench_vllm(torch, triton, vl, case, args.quick, ref)),
-                                ("fi", fi, lambda: bench_fi(torch, triton, fi, case, args.quick, ref))):
+                                ("fi", fi, lambda: bench_fi(torch, triton, fi, case, args.quick, ref)),
+                                ("vllm_fi", vf, lambda: bench_vllm_fi(torch, triton, vf, case, args.quick, ref))):
                 if ok is None:
                     continue
                 log(f"{name}: {col}")
@@ -1003,6 +1093,9 @@ def main(argv=None):
                     entry[col] = fn()
                 except Exception as e:  # noqa: BLE001 - report, do not die
                     entry[col] = dict(error=err_text(e))
+            off = entry.get("fi", {}).get("off", {}).get("ms")
+            if off and "ms" in entry.get("vllm_fi", {}):
+                entry["vllm_fi"]["vs_fi_off"] = off / entry["vllm_fi"]["ms"]
             results["shapes"][name] = entry
             json_path.write_text(json.dumps(results, indent=1, default=str))  # kept if a later step dies
             del case, ref

@@ -60,6 +60,9 @@ def test_prefill_args_and_help(capsys):
     a = bp.parse_args(["--out", "x", "--tp", "2", "--only", "ours,fi", "--shapes", "1x8192,4x16384"])
     assert a.tp == [2] and a.only == ["ours", "fi"] and a.shapes == [(1, 8192), (4, 16384)]
     assert bp.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla"]
+    assert bp.parse_args(["--out", "x", "--only", "ours,vllm_fi"]).only == ["ours", "vllm_fi"]
+    assert "vllm_fi" in bp.parse_args(["--out", "x"]).only
+    assert bp.parse_args(["--out", "x", "--no-fi"]).only == ["ours", "fla", "vllm"]  # vllm_fi needs FI
     for bad in (["--tp", "3"], ["--only", "flashinfer"], ["--shapes", "8x100"]):
         with pytest.raises(SystemExit):
             bp.parse_args(["--out", "x", *bad])
@@ -131,6 +134,124 @@ def test_prefill_dry_run_with_vllm_stand_in(tmp_path):
     r = res["shapes"]["2x64"]["vllm"]
     assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < 1e-2, r  # ours: tf32 dots
     assert r["notes"] and "chunk indices not precomputed" in r["notes"][0]
+
+
+def fake_post_conv_prep(conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_dim, head_v_dim,
+                        apply_l2norm=True, output_g_exp=False):
+    """vLLM 0.26's fused_post_conv_prep: [L, 2*H*K + HV*V] -> q, k [L, H, K] (l2-normalised),
+    v [L, HV, V] contiguous, g = -exp(A_log) * softplus(a + dt_bias) and sigmoid(b) in fp32 [L, HV]."""
+    L, H, K, V, HV = conv_output.shape[0], num_k_heads, head_k_dim, head_v_dim, A_log.shape[0]
+    assert conv_output.shape[1] == 2 * H * K + HV * V and conv_output.is_contiguous()
+    assert apply_l2norm and not output_g_exp  # what vLLM's prefill passes
+
+    def l2n(x):
+        x = x.float()
+        return (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)).to(conv_output.dtype)
+
+    q = l2n(conv_output[:, :H * K].reshape(L, H, K))
+    k = l2n(conv_output[:, H * K:2 * H * K].reshape(L, H, K))
+    v = conv_output[:, 2 * H * K:].reshape(L, HV, V).contiguous()
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    return q, k, v, g, torch.sigmoid(b.float())
+
+
+def fi_accepting_int32(**kw):
+    """FlashInfer casts cu_seqlens to int64 itself (vLLM passes query_start_loc, int32)."""
+    assert kw["cu_seqlens"].dtype in (torch.int32, torch.int64)
+    return fake_fi_prefill(**dict(kw, cu_seqlens=kw["cu_seqlens"].long()))
+
+
+def fake_vllm_fi_wrapper(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                         use_qk_l2norm_in_kernel=True):
+    """vLLM 0.26's fi_chunk_gated_delta_rule: [1, T, H, D] in, FlashInfer with alpha = exp(g)."""
+    assert not use_qk_l2norm_in_kernel and initial_state.dtype == torch.float32
+    o, ht = fi_accepting_int32(q=q[0].contiguous(), k=k[0].contiguous(), v=v[0].contiguous(),
+                               g=g[0].float().exp(), beta=beta[0].float(), initial_state=initial_state,
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    return o[None], ht
+
+
+def _check_vllm_fi(res, text):
+    for e in res["shapes"].values():
+        r = e["vllm_fi"]
+        assert "error" not in r and r["ms"] > 0 and "first_call_s" in r, r
+        assert r["rel_diff_out"] < 2e-2 and r["rel_diff_state"] < 1e-2, r  # ours: tf32 dots
+        assert r["rel_diff_state_T"] > 10 * r["rel_diff_state"], r  # the pool layout [V, K] matches
+    assert "vLLM default (FI)" in text
+
+
+def test_prefill_dry_run_with_vllm_fi_stand_in(tmp_path, capsys):
+    bp = load_script("bench_prefill")
+
+    def load_fi():
+        return dict(prefill=fake_fi_prefill, version="stand-in"), None
+
+    def load_vllm_fi():
+        return dict(prep=fake_post_conv_prep, fn=fake_vllm_fi_wrapper, version="stand-in",
+                    fi_version="stand-in"), None
+
+    load_fi.dry_run_ok = load_vllm_fi.dry_run_ok = True
+    bp.load_fi, bp.load_vllm_fi = load_fi, load_vllm_fi
+    res = bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-sweep", "--only", "fi,vllm_fi",
+                   "--shapes", "2x128", "--tp", "1"])
+    text = capsys.readouterr().out
+    _check_vllm_fi(res, text)
+    assert res["shapes"]["2x128"]["vllm_fi"]["vs_fi_off"] > 0
+    assert "vLLM default (FI)" in text.split("vs FI off")[1].splitlines()[0]
+    assert "ours via FI / vLLM default (FI): via FI B=256" in text
+
+
+@pytest.mark.vllm
+def test_prefill_vllm_fi_without_flashinfer(tmp_path, capsys):
+    """vLLM's CPU build imports, FlashInfer does not: the column says why and the bench goes on."""
+    pytest.importorskip("vllm")
+    if importlib.util.find_spec("flashinfer") is not None:
+        pytest.skip("FlashInfer is installed here")
+    bp = load_script("bench_prefill")
+    bp.load_vllm_fi.dry_run_ok = True  # the real loader, under --cpu-dry-run
+    res = bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-sweep", "--only", "ours,vllm_fi",
+                   "--shapes", "1x64", "--tp", "1"])
+    assert res["vllm_fi_error"].startswith("FlashInfer: ModuleNotFoundError"), res["vllm_fi_error"]
+    assert "vllm_fi" not in res["shapes"]["1x64"] and "ours" in res["shapes"]["1x64"]
+    assert "vllm_fi: not compared: FlashInfer: " in capsys.readouterr().out
+
+
+@pytest.mark.vllm
+def test_prefill_vllm_fi_real_vllm_functions(tmp_path, capsys, monkeypatch):
+    """vLLM's own fi_chunk_gated_delta_rule (plain torch around FlashInfer) with a FlashInfer
+    stand-in in sys.modules, and the keywords handed to fused_post_conv_prep bound to its real
+    signature (its Triton kernel cannot run here: vLLM's CPU build disables Triton, so the
+    stand-in computes it): checks the names, order and layouts this script hands to vLLM."""
+    import inspect
+    import sys
+    import types
+    pytest.importorskip("vllm")
+    fi_mod = types.ModuleType("flashinfer")
+    fi_mod.__version__ = "stand-in"
+    fi_mod.gdn_prefill = types.ModuleType("flashinfer.gdn_prefill")
+    fi_mod.gdn_prefill.chunk_gated_delta_rule = fi_accepting_int32
+    monkeypatch.setitem(sys.modules, "flashinfer", fi_mod)
+    monkeypatch.setitem(sys.modules, "flashinfer.gdn_prefill", fi_mod.gdn_prefill)
+    bp = load_script("bench_prefill")
+    real_loader = bp.load_vllm_fi
+
+    def load_vllm_fi():
+        vf, err = real_loader()
+        assert err is None, err
+        sig = inspect.signature(vf["prep"])
+
+        def prep(*args, **kw):
+            bound = sig.bind(*args, **kw)
+            return fake_post_conv_prep(**bound.arguments)
+
+        return dict(vf, prep=prep), None
+
+    load_vllm_fi.dry_run_ok = True
+    bp.load_vllm_fi = load_vllm_fi
+    res = bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-sweep", "--only", "vllm_fi",
+                   "--shapes", "2x64", "--tp", "1,2"])
+    assert res["vllm_fi_error"] is None and res["vllm_fi_versions"]["flashinfer"] == "stand-in"
+    _check_vllm_fi(res, capsys.readouterr().out)
 
 
 def _decode_step(q, k, v, a, b, A_log, dt_bias, S, scale):

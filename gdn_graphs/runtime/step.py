@@ -56,6 +56,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from gdn_graphs.constants import NO_SLOT
@@ -145,27 +146,37 @@ def lookahead_row_slots(i: int, n: int, q: int, row, B: int, R: int,
     after m tokens at ``row[lookahead_column(m)]``; a spec row's checkpoints are its tokens'
     states before the last, a prefill row's its block boundaries strictly inside (n, n + q)."""
     width = len(row)
-
-    def slot(col: int, what: str) -> int:
+    ms = range(n + 1, n + q + 1) if is_spec else (n + q,)
+    cols = ([lookahead_column(n, B, R)] if n else []) + [lookahead_column(m, B, R) for m in ms]
+    if not is_spec:
+        cols += checkpoint_blocks(n, q, B)
+    for col in cols:
         if col >= width:
             raise ValueError(f"row {i}: block table has {width} entries but n={n}, q={q} needs "
                              f"entry {col} (B={B}, lookahead {R})")
-        s = row[col]
-        if not isinstance(s, numbers.Integral):
-            raise ValueError(f"row {i}: block table entry {col} is not an int: {s!r}")
-        s = int(s)
-        if s == NO_SLOT and what:
-            raise ValueError(f"row {i}: {what} goes to block table entry {col}, which is {NO_SLOT}")
-        return s
+    if isinstance(row, np.ndarray) and row.dtype.kind in "iu":
+        vals = row[cols].tolist()  # one gather, Python ints (the planner's placeholder rows)
+    else:
+        vals = []
+        for col in cols:
+            s = row[col]
+            if not isinstance(s, numbers.Integral):
+                raise ValueError(f"row {i}: block table entry {col} is not an int: {s!r}")
+            vals.append(int(s))
 
-    r = slot(lookahead_column(n, B, R), "the state it reads") if n else NO_SLOT
+    def need(j: int, what: str) -> int:  # a state the row reads or keeps must have a slot
+        if vals[j] == NO_SLOT:
+            raise ValueError(f"row {i}: {what} goes to block table entry {cols[j]}, which is "
+                             f"{NO_SLOT}")
+        return vals[j]
+
+    r = need(0, "the state it reads") if n else NO_SLOT
+    o = 1 if n else 0
     if is_spec:
-        ws = [slot(lookahead_column(m, B, R), f"the state after {m} tokens")
-              for m in range(n + 1, n + q + 1)]
+        ws = [need(o + t, f"the state after {m} tokens") for t, m in enumerate(ms)]
         return r, ws[-1], ws[:-1]
-    w = slot(lookahead_column(n + q, B, R), "its final state")
-    ckpts = [slot(c, "") for c in checkpoint_blocks(n, q, B)]
-    return r, w, [NO_SLOT if c == w else c for c in ckpts]
+    w = need(o, "its final state")
+    return r, w, [NO_SLOT if c == w else c for c in vals[o + 1:]]
 
 
 @dataclass(frozen=True)

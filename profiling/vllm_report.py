@@ -10,6 +10,7 @@ the first differing position and the top-2 logprob margin there (in both) are re
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -149,13 +150,23 @@ def spec_problems(name: str, r: dict) -> list:
     return out
 
 
+def _read(path: Path) -> str:
+    """A result file's text; recorded results are kept gzipped (NAME.json.gz, NAME.log.gz: the
+    device's carry limit counts the tracked tree)."""
+    gz = path.with_name(path.name + ".gz")
+    if not path.exists() and gz.exists():
+        return gzip.decompress(gz.read_bytes()).decode(errors="replace")
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def load(d) -> dict:
-    """DIR/*.json, each with the capacity its engine logged (DIR/NAME.log) where there is one."""
-    res = {p.stem: json.loads(p.read_text()) for p in sorted(Path(d).glob("*.json"))
-           if p.stem != "summary"}
+    """DIR/*.json (or .json.gz), each with the capacity its engine logged (DIR/NAME.log or
+    .log.gz) where there is one."""
+    names = sorted({p.name.removesuffix(".gz").removesuffix(".json")
+                    for p in Path(d).glob("*.json*") if p.name.endswith((".json", ".json.gz"))})
+    res = {n: json.loads(_read(Path(d) / f"{n}.json")) for n in names if n != "summary"}
     for name, r in res.items():
-        log = Path(d) / f"{name}.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
+        text = _read(Path(d) / f"{name}.log")
         r["captures"] = sorted(set(CAPTURE.findall(text)))
         m, c = CAPACITY.search(text), CONCURRENCY.search(text)
         if m and c:

@@ -128,6 +128,47 @@ def test_lookahead_planner_refuses_what_it_cannot_place():
     assert step.spec_cu[:3].tolist() == [0, 3, 4]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_spec_rows_equal_row_by_row(seed):
+    """lookahead_spec_rows (the planner's path for a step of spec rows over an integer numpy
+    table, what vLLM's builder passes) gives what lookahead_row_slots gives row by row, and None
+    exactly where a row would raise; the planner's plans and errors are the same either way."""
+    import numpy as np
+
+    from gdn_graphs.runtime.step import lookahead_row_slots, lookahead_spec_rows
+
+    rng = np.random.default_rng(seed)
+    R, width = 5, 9
+    for trial in range(200):
+        rows = int(rng.integers(1, 6))
+        ns = rng.integers(0, (width - R) * B, rows).tolist()
+        qs = rng.integers(1, R - 1, rows).tolist()
+        tables = rng.permutation(64 * width)[:rows * width].reshape(rows, width)
+        if trial % 3 == 0:  # some holes: a slot a row needs may be missing
+            tables[rng.random(tables.shape) < 0.1] = -1
+        if trial % 5 == 0:
+            tables = tables[:, :int(rng.integers(1, width))]  # too narrow for some rows
+        try:
+            want = [lookahead_row_slots(i, ns[i], qs[i], tables[i], B, R, True)
+                    for i in range(rows)]
+        except ValueError:
+            want = None
+        got = lookahead_spec_rows(ns, qs, tables, B, R)
+        if want is None:
+            assert got is None
+            continue
+        assert got == ([w[0] for w in want], [w[1] for w in want], [w[2] for w in want])
+    p = GDNPlanner(PlanLimits(max_seqs=4, max_tokens=64, block_size=B, num_slots=64,
+                              max_blocks_per_seq=8, max_spec_len=3, lookahead=4), "cpu")
+    tables = np.arange(16).reshape(2, 8)
+    a = p.plan([62, 5], [3, 1], tables, spec=[True, True]).host
+    b = p.plan([62, 5], [3, 1], tables.tolist(), spec=[True, True]).host
+    assert a == b
+    holed = np.array([[0, 1, 2, -1, 4, 5, 6, 7]])
+    with pytest.raises(ValueError, match="entry 3, which is -1"):
+        p.plan([65], [3], holed, spec=[True])
+
+
 def test_vllm_builder_refuses_a_verifying_row_after_a_long_row():
     """vLLM sorts rows of up to 1 + k tokens first; were a row with drafts to come after a longer
     one, it would run as a prefill row and lose the states after its drafts: refused."""

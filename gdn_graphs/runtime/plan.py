@@ -39,7 +39,8 @@ from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, host_chunk_meta, m
                                  max_ckpts_bound)
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
 from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, classify_rows,
-                                     lookahead_column, lookahead_row_slots, read_block,
+                                     lookahead_column, lookahead_row_slots,
+                                     lookahead_spec_rows, read_block,
                                      row_read_slot, spec_write_slots, write_block)
 
 __all__ = ["PlanLimits", "StepPlan", "GDNStep", "GDNPlanner"]
@@ -272,13 +273,21 @@ class GDNPlanner:
         d, nsp = classify_rows(qs, spec, varlen=bool(L.lookahead))
         e_spec = d + nsp
         rings, acc = self._check_spec(rows, qs, d, nsp, rings, accepted)
-        reads, writes, ckpts = [], [], []
-        for i in range(rows):
-            r, w, ck = self._row_slots(i, ns[i], qs[i], tables[i], rings[i], acc[i],
-                                       d <= i < e_spec)
-            reads.append(r)
-            writes.append(w)
-            ckpts.append(ck)
+        fast = None
+        if (L.lookahead and rows and nsp == rows and isinstance(tables, np.ndarray)
+                and tables.ndim == 2 and tables.dtype.kind in "iu"
+                and tables.shape[1] <= L.max_blocks_per_seq):
+            fast = lookahead_spec_rows(ns, qs, tables, B, L.lookahead)  # (None: errors below)
+        if fast is not None:
+            reads, writes, ckpts = fast
+        else:
+            reads, writes, ckpts = [], [], []
+            for i in range(rows):
+                r, w, ck = self._row_slots(i, ns[i], qs[i], tables[i], rings[i], acc[i],
+                                           d <= i < e_spec)
+                reads.append(r)
+                writes.append(w)
+                ckpts.append(ck)
 
         def entry(i: int, kind: str, e: int) -> str:  # the table entry a slot came from
             n = ns[i]

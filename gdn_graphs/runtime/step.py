@@ -64,6 +64,7 @@ from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["read_block", "write_block", "checkpoint_blocks", "classify_rows", "count_decode_rows",
            "row_read_slot", "spec_write_slots", "lookahead_column", "lookahead_row_slots",
+           "lookahead_spec_rows",
            "StepPlan", "GDNStep"]
 
 
@@ -177,6 +178,31 @@ def lookahead_row_slots(i: int, n: int, q: int, row, B: int, R: int,
         return r, ws[-1], ws[:-1]
     w = need(o, "its final state")
     return r, w, [NO_SLOT if c == w else c for c in vals[o + 1:]]
+
+
+def lookahead_spec_rows(ns: Sequence[int], qs: Sequence[int], tables: np.ndarray, B: int,
+                        R: int) -> Optional[tuple[list[int], list[int], list[list[int]]]]:
+    """Every row a spec row, in the lookahead layout: (reads, writes, checkpoints) as
+    ``lookahead_row_slots`` gives them row by row, in a few numpy operations over the [rows,
+    width] integer table (the planner's hot path in vLLM: a decode step with drafts). None when
+    any row would fail there: the caller then runs that path, which names the error."""
+    n, q = np.asarray(ns, dtype=np.int64), np.asarray(qs, dtype=np.int64)
+    m = n[:, None] + np.arange(1, int(q.max()) + 1)  # [rows, Q]: the states after m tokens
+    live = m <= (n + q)[:, None]
+    cols = np.where(live, np.where(m % B == 0, m // B - 1, m // B + 1 + m % R), 0)
+    has_read = n > 0
+    rcol = np.where(has_read, np.where(n % B == 0, n // B - 1, n // B + 1 + n % R), 0)
+    if (cols >= tables.shape[1]).any() or (rcol >= tables.shape[1]).any():
+        return None
+    rows = np.arange(len(n))
+    w = tables[rows[:, None], cols]
+    r = np.where(has_read, tables[rows, rcol], NO_SLOT)
+    if ((w == NO_SLOT) & live).any() or ((r == NO_SLOT) & has_read).any():
+        return None
+    wl = w.tolist()
+    writes = [wl[i][qi - 1] for i, qi in enumerate(q.tolist())]
+    ckpts = [wl[i][:qi - 1] for i, qi in enumerate(q.tolist())]
+    return r.tolist(), writes, ckpts
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_vllm_plugin import vllm_cpu  # noqa: F401 (a fixture: vLLM's CPU platform)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -202,9 +204,10 @@ def test_prefill_dry_run_with_vllm_fi_stand_in(tmp_path, capsys):
 
 
 @pytest.mark.vllm
-def test_prefill_vllm_fi_without_flashinfer(tmp_path, capsys):
-    """vLLM's CPU build imports, FlashInfer does not: the column says why and the bench goes on."""
-    pytest.importorskip("vllm")
+def test_prefill_vllm_fi_without_flashinfer(vllm_cpu, tmp_path, capsys):
+    """vLLM's CPU build imports, FlashInfer does not: the column says why and the bench goes on.
+    (vllm_cpu sets vLLM's CPU platform first: a vLLM module imported before that keeps an
+    unspecified platform, and the later vLLM tests fail.)"""
     if importlib.util.find_spec("flashinfer") is not None:
         pytest.skip("FlashInfer is installed here")
     bp = load_script("bench_prefill")
@@ -217,7 +220,7 @@ def test_prefill_vllm_fi_without_flashinfer(tmp_path, capsys):
 
 
 @pytest.mark.vllm
-def test_prefill_vllm_fi_real_vllm_functions(tmp_path, capsys, monkeypatch):
+def test_prefill_vllm_fi_real_vllm_functions(vllm_cpu, tmp_path, capsys, monkeypatch):
     """vLLM's own fi_chunk_gated_delta_rule (plain torch around FlashInfer) with a FlashInfer
     stand-in in sys.modules, and the keywords handed to fused_post_conv_prep bound to its real
     signature (its Triton kernel cannot run here: vLLM's CPU build disables Triton, so the
@@ -225,7 +228,6 @@ def test_prefill_vllm_fi_real_vllm_functions(tmp_path, capsys, monkeypatch):
     import inspect
     import sys
     import types
-    pytest.importorskip("vllm")
     fi_mod = types.ModuleType("flashinfer")
     fi_mod.__version__ = "stand-in"
     fi_mod.gdn_prefill = types.ModuleType("flashinfer.gdn_prefill")

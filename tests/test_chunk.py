@@ -320,13 +320,10 @@ def test_bad_inputs_raise(device):
 
 
 _COMPILE_SCRIPT = r"""
-import os, re, subprocess, sys, tempfile
 import torch
-import triton
-from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops import chunk as C
+from sm90_compile import compile_sm90, ptxas_report
 
 HK, HV, K, V = 16, 32, 128, 128
 cfg = C.DEFAULT_CONFIG
@@ -340,42 +337,23 @@ kernels = [
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "read_slot", "write_slot",
         "ckpt_offsets", "ckpt_slots", "error_flag"}
 ints = ("T", "max_seqs", "max_chunks", "max_ckpts", "num_slots", "block_size")
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def divisible(name, ty):  # what the launcher specialises on a GPU
+    return ty.startswith("*") or name.startswith("s_") or name == "block_size"
+
+
 # with the error flag (every engine step carries one) and without (direct calls)
 for (heur, base, warps, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
     fn = heur.fn  # the JITFunction under @triton.heuristics
-    consts = dict(base, HAS_FLAG=has_flag)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "error_flag" and not has_flag:
-            sig[name] = "constexpr"
-            consts[name] = None
-        elif name in special:
-            sig[name] = special[name]
-        elif name in ints or name.startswith("s_"):
-            sig[name] = "i32"
-        else:
-            sig[name] = "*i32" if name in meta else "*bf16"
-        if sig[name].startswith("*") or name.startswith("s_") or name == "block_size":
-            attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises on a GPU
-    ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=warps))
+    ck = compile_sm90(fn, base, special, meta, ints, has_flag, warps, divisible)
     name = f"{fn.__name__} (flag: {has_flag})"
     assert ck.metadata.shared <= 227 * 1024, (name, ck.metadata.shared)
     if fn is C._chunk_seq_kernel.fn:
         assert "async_copy_global_to_local" in ck.asm["ttgir"], "chunk loop not software-pipelined"
     assert "warp_group_dot" in ck.asm["ttgir"], (name, "no wgmma")
     assert ("atom" in ck.asm["ptx"]) == has_flag, (name, "the flag's atomic")
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ck.asm["ptx"])
-    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                         capture_output=True, text=True)
-    os.unlink(f.name)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
-    regs = re.findall(r"Used (\d+) registers", res.stderr)
-    assert res.returncode == 0 and spills, res.stderr[-800:]
+    regs, spills = ptxas_report(ck)
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)
     assert max(spills) == 0, (name, "spills registers")
 """
@@ -387,17 +365,11 @@ def test_kernels_compile_for_sm90_without_spills():
     register spills, shared memory within the limit. Needs no GPU (a subprocess without the
     interpreter, Triton's bundled ptxas)."""
     import os
-    import subprocess
-    import sys
 
-    import triton
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+    from sm90_compile import ptxas_path, run_script
+    if not os.path.exists(ptxas_path()):
         pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = run_script(_COMPILE_SCRIPT)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
 
 

@@ -151,11 +151,8 @@ def test_gpu_fi_core_steps_equal_one_step(fi_gpu, monkeypatch):
 
 
 _COMPILE_SCRIPT = r"""
-import os, re, subprocess, sys, tempfile
-import triton
-from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
 from gdn_graphs.ops import fi_kernels as F
+from sm90_compile import compile_sm90, ptxas_report
 
 HK, HV, K, V = 16, 32, 128, 128
 kernels = [
@@ -166,40 +163,12 @@ kernels = [
      dict(ssm="*fp32", ck_states="*fp32", h_final="*fp32", cu64="*i64", ckcu="*i64")),
 ]
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-for (heur, consts0, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
+ints = ("T", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots", "block_size")
+for (heur, consts, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
     fn = heur.fn
-    consts = dict(consts0, HAS_FLAG=has_flag)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "error_flag" and not has_flag:
-            sig[name] = "constexpr"
-            consts[name] = None
-        elif name in special:
-            sig[name] = special[name]
-        elif name in meta:
-            sig[name] = "*i32"
-        elif fn.params[i].is_constexpr:
-            continue
-        elif name in ("T", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots",
-                      "block_size") or name.startswith("s_"):
-            sig[name] = "i32"
-        else:
-            sig[name] = "*bf16"
-        if sig[name].startswith("*"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=4))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ck.asm["ptx"])
-    res = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
-                         capture_output=True, text=True)
-    os.unlink(f.name)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", res.stderr)]
-    assert res.returncode == 0 and spills, res.stderr[-800:]
-    print(fn.__name__, has_flag, "regs", re.findall(r"Used (\d+) registers", res.stderr), "spills", spills)
+    ck = compile_sm90(fn, consts, special, meta, ints, has_flag, num_warps=4)
+    regs, spills = ptxas_report(ck)
+    print(fn.__name__, has_flag, "regs", regs, "spills", spills)
     assert max(spills) == 0, (fn.__name__, "spills registers")
 """
 
@@ -208,15 +177,9 @@ def test_fi_kernels_compile_for_sm90():
     """The three kernels compile for an H200 (sm_90, no interpreter shims) at the real shapes,
     with and without the error flag, without register spills. Needs no GPU (Triton's ptxas)."""
     import os
-    import subprocess
-    import sys
 
-    import triton
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")):
+    from sm90_compile import ptxas_path, run_script
+    if not os.path.exists(ptxas_path()):
         pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = run_script(_COMPILE_SCRIPT)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]

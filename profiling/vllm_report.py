@@ -61,7 +61,8 @@ def check(res: dict, near_ties: list | None = None) -> list:
       block of the previous prompt and answer (plugin, prefix caching on), vLLM reports drafts,
       and an engine with CUDA graphs on captured FULL decode graphs. Float32 tokens are compared
       with an engine without speculation where there is one. A difference where either engine's
-      top-2 logits are within NEAR_TIE goes to ``near_ties`` instead (reported, not a failure),
+      top-2 logits are within NEAR_TIE goes to ``near_ties`` instead where the caller passes that
+      list (reported, not a failure; without the list it is a failure),
       and a chat turn after a differing one is not compared (its prompt holds the other answer).
     """
     problems, fp32, ours = [], {}, our_kernel_names()
@@ -115,7 +116,8 @@ def check(res: dict, near_ties: list | None = None) -> list:
                 if all(x is not None for x in m) and min(m) < NEAR_TIE:
                     # two logits within NEAR_TIE: a different (equally valid) summation order
                     # picks the other one; reported, not a failure
-                    (near_ties if near_ties is not None else []).append(line)
+                    # a caller that keeps no list gets them as failures: never dropped unseen
+                    (near_ties if near_ties is not None else problems).append(line)
                 else:
                     problems.append(line)
                 if key == "chat":

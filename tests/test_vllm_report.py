@@ -139,6 +139,7 @@ def test_near_tie_differences_are_reported_apart_and_later_chat_turns_skipped(re
     assert [t.split(":")[0] for t in ties] == ["fp32_plugin_nopc_eager"], ties
     assert probs == [f"fp32_plugin_pc_eager: float32 tokens of 'chat' run 1 differ from {ref} at "
                      f"position 1 (top-2 margin there: 0.5 / 1)"], probs
+    assert len(report.check(res)) == 2  # without a list for them, near-ties are failures too
 
 
 def test_capture_lines_are_read_from_the_log(report, tmp_path):

@@ -119,8 +119,8 @@ def spec_stats(llm) -> dict | None:
 def speculative_config(method: str, k: int) -> dict | None:
     if method == "none":
         return None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+    if method in ("ngram", "ngram_gpu"):  # ngram_gpu: the n-gram vLLM runs async scheduling with
+        return {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2}
     return {"method": "mtp", "num_speculative_tokens": k}
 
@@ -191,8 +191,10 @@ def main(argv=None):
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--chat-len", type=int, default=1000)
     ap.add_argument("--chat-gen", type=int, default=400)
-    ap.add_argument("--spec", choices=("none", "ngram", "mtp"), default="none",
-                    help="speculative decoding: n-gram (prompt lookup) or the checkpoint's MTP")
+    ap.add_argument("--spec", choices=("none", "ngram", "ngram_gpu", "mtp"), default="none",
+                    help="speculative decoding: n-gram (prompt lookup; ngram_gpu: on the device, "
+                         "with vLLM's async scheduling) or the checkpoint's MTP (async "
+                         "scheduling is vLLM's default choice: on for ngram_gpu and MTP)")
     ap.add_argument("--spec-k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)

@@ -18,7 +18,8 @@
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
-#                                                # fp32 plugin without spec / ngram k=3 / MTP k=2
+#                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
+#                                                # (both with vLLM's default async scheduling)
 #   bash profiling/vllm_session.sh spec_bf16     # bf16 plugin ngram, then vLLM's own mode ngram
 #   bash profiling/vllm_session.sh spec_qwen3_5  # issue 12: tiny Qwen3.5 dense with MTP k=2
 #
@@ -173,8 +174,8 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     wait ;;
   spec|spec_bf16)  # issue 12. spec: three float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
-    # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3,
-    # with MTP k=2. spec_bf16: the plugin, then vLLM's own "align" mode, with the same
+    # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3
+    # (ngram_gpu) and with MTP k=2, both under vLLM's default async scheduling (on for them). spec_bf16: the plugin, then vLLM's own "align" mode, with the same
     # speculation (SPEC_BF16, default n-gram k=3 then MTP k=2), one engine after the other
     # (reuse, acceptance, decode tok/s)
     MM=/tmp/tiny_qwen3_next_fp32_mtp
@@ -184,7 +185,8 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
     if [ $target = spec ]; then
       e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
-      e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram --spec-k 3 $kv &
+      # vLLM's default async scheduling (on for ngram_gpu and MTP: the JSON's async_scheduling)
+      e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram_gpu --spec-k 3 $kv &
       e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
       wait
     else

@@ -103,7 +103,8 @@ class StepBuilder:
         self.max_spec_len = resources.max_spec_len
 
     def build(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, block_table: torch.Tensor,
-              num_reqs: int, drafts: np.ndarray | None = None) -> GDNStep:
+              num_reqs: int, drafts: np.ndarray | None = None,
+              device_seq_lens: torch.Tensor | None = None) -> GDNStep:
         """query_start_loc [rows + 1] and seq_lens [>= rows] on the host (tokens computed before
         the step = seq_lens - scheduled), the group's block table on the device; a pure decode
         step is padded to ``num_reqs`` decode rows (the CUDA-graph bucket). With speculative
@@ -113,7 +114,12 @@ class StepBuilder:
         the lookahead layout; a step of such rows alone, of one length, is padded to
         ``num_reqs`` rows. drafts: vLLM's ``num_decode_draft_tokens_cpu`` where it passes it (the
         drafts each row verifies, -1 for none): a row with drafts outside the spec rows (which
-        would lose the states after its drafts) raises ValueError."""
+        would lose the states after its drafts) raises ValueError. device_seq_lens: int32
+        [>= rows] on the device, the true ``seq_lens`` where the host's are optimistic (vLLM's
+        async scheduling with speculation: a row whose previous step had drafts counts them all
+        accepted on the host): the spec rows' slots are placed from it on the device
+        (``gdn_graphs.vllm.spec_placement``); every other row must be exact on the host, which
+        it is there (only a row of at most 1 + k tokens follows a step with drafts)."""
         rows = len(query_start_loc) - 1
         q = query_start_loc[1:] - query_start_loc[:-1]
         n = seq_lens[:rows] - q
@@ -127,7 +133,8 @@ class StepBuilder:
                                  f"builder needs every verifying row first (vLLM's reorder with "
                                  f"reorder_batch_threshold >= 1 + k)")
         return self.planner.plan(query_start_loc, n, block_table, pad_decodes_to=num_reqs,
-                                 slots=self.slots, spec_rows=spec_rows)
+                                 slots=self.slots, spec_rows=spec_rows,
+                                 device_seq_lens=device_seq_lens)
 
     def spec_rows(self, q: np.ndarray) -> int:
         """The leading rows of 1 .. max_spec_len tokens (0 without speculative decoding)."""

@@ -37,6 +37,7 @@ from gdn_graphs.ops.common import error_names
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from gdn_graphs.runtime.step import GDNStep, count_decode_rows
+from gdn_graphs.vllm.spec_placement import place_spec_rows
 
 __all__ = ["SlotSet", "DeviceTablePlanner", "ErrorWatch", "plan_block_size"]
 
@@ -177,7 +178,8 @@ class DeviceTablePlanner:
 
     def plan(self, query_start_loc: Sequence[int] | np.ndarray, num_computed: Sequence[int] |
              np.ndarray, block_table: torch.Tensor, pad_decodes_to: int | None = None,
-             slots: SlotSet | None = None, spec_rows: int = 0) -> GDNStep:
+             slots: SlotSet | None = None, spec_rows: int = 0,
+             device_seq_lens: torch.Tensor | None = None) -> GDNStep:
         """Plan one step and write its slots from ``block_table`` into ``slots`` (default set);
         returns the step over that set's buffers.
 
@@ -188,9 +190,13 @@ class DeviceTablePlanner:
         launch this many decode rows when the step is pure decode (a CUDA-graph bucket); the padded
         rows get NO_SLOT. spec_rows: the leading rows that are spec rows (a planner with a
         lookahead layout: any length up to max_spec_len); a step of spec rows alone, all of one
-        length, is padded to ``pad_decodes_to`` spec rows. The same token counts as the previous
-        call reuse its plan (another group of the same step). Raises ValueError before touching
-        any buffer.
+        length, is padded to ``pad_decodes_to`` spec rows. device_seq_lens: int32 [>= rows] on the
+        planner's device, the true tokens computed before the step plus scheduled (vLLM's
+        ``seq_lens`` under async scheduling, where the host's counts of a row whose previous step
+        had drafts are optimistic): the spec rows' slots are then placed from it on the device
+        (``spec_placement``; the other rows' counts must be exact on the host). The same token
+        counts as the previous call reuse its plan (another group of the same step). Raises
+        ValueError before touching any buffer.
         """
         qsl = np.asarray(query_start_loc, dtype=np.int64)
         q = np.diff(qsl)
@@ -203,6 +209,13 @@ class DeviceTablePlanner:
                              f"needs at least {self.table_width} contiguous columns")
         if block_table.shape[0] < rows:
             raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
+        if device_seq_lens is not None and spec_rows and (
+                device_seq_lens.dtype != torch.int32 or device_seq_lens.dim() != 1
+                or device_seq_lens.shape[0] < rows
+                or device_seq_lens.device.type != self.planner.device.type):
+            raise ValueError(f"device_seq_lens must be an int32 [>= {rows}] tensor on "
+                             f"{self.planner.device}, got {device_seq_lens.dtype} "
+                             f"{tuple(device_seq_lens.shape)} on {device_seq_lens.device}")
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
         key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(),
                         repr((pad_decodes_to, spec_rows)).encode()))
@@ -214,6 +227,10 @@ class DeviceTablePlanner:
             self._last = None  # a failed plan must not leave a stale key behind
             placeholder_step = self._plan_rows(n_rows.tolist(), qs, pad_decodes_to, spec_rows)
             self._last = (key, placeholder_step)
+        if device_seq_lens is not None and placeholder_step.host.num_spec:
+            # every call, also another group's reuse: the same host counts in a later step may
+            # come with other device counts, and rerunning it on the same ones changes nothing
+            self._place_on_device(placeholder_step, device_seq_lens)
         slots = slots or self.slots
         self._gather(block_table, slots)
         return slots.step(placeholder_step)
@@ -232,6 +249,14 @@ class DeviceTablePlanner:
         pad = pad_to if uniform and pad_to is not None and pad_to >= rows else None
         return self.planner.plan(ns, qs, self._placeholders[:rows],
                                  spec=[i < spec_rows for i in range(rows)], pad_spec_to=pad)
+
+    def _place_on_device(self, step: GDNStep, device_seq_lens: torch.Tensor) -> None:
+        """The real spec rows' placeholders from the device's counts (padded rows keep NO_SLOT)."""
+        gp = self.planner
+        place_spec_rows(device_seq_lens, gp.spec_cu, gp.spec_read, gp.spec_write,
+                        rows=step.host.num_spec, stride=self.table_stride, width=self.table_width,
+                        block_size=gp.limits.block_size, lookahead=gp.limits.lookahead,
+                        error_flag=gp.error_flag)
 
     def _flat_table(self, block_table: torch.Tensor) -> torch.Tensor:
         """The table as a flat tensor that the placeholders index (row i at i * table_stride): a

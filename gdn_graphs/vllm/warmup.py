@@ -94,8 +94,12 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     weights = GDNWeights(conv_weight, None, A_log, dt_bias)
 
     def step(qsl, n, spec_rows=0):
+        # spec rows also through the placement from device counts (async scheduling)
+        seq_lens = (torch.tensor(np.asarray(n) + np.diff(qsl), dtype=torch.int32, device=device)
+                    if spec_rows else None)
         gdn_step = planner.plan(np.asarray(qsl), np.asarray(n), table, spec_rows=spec_rows,
-                                pad_decodes_to=len(n) if spec_rows else None)
+                                pad_decodes_to=len(n) if spec_rows else None,
+                                device_seq_lens=seq_lens)
         run_gdn_core(x, a, b, weights, pools, gdn_step, out, workspace)
 
     # mixed steps: 1 and 2 decode rows move the prefill's inputs by one and two rows (their

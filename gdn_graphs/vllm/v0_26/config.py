@@ -98,19 +98,22 @@ class GDNAllConfig(VerifyAndUpdateConfig):
 
 
 # speculative methods the plugin runs (vLLM 0.26 renames the Qwen MTP ones to "mtp")
-SPEC_METHODS = ("ngram", "mtp", "qwen3_next_mtp", "qwen3_5_mtp")
+# ("ngram_gpu": vLLM's n-gram drafter on the device, the n-gram it runs with async scheduling)
+SPEC_METHODS = ("ngram", "ngram_gpu", "mtp", "qwen3_next_mtp", "qwen3_5_mtp")
 _OFF = "or turn the plugin off for this engine with additional_config={'gdn_graphs': False}"
 
 
 def check_speculative(vllm_config) -> None:
     """Speculative decoding with the plugin: which settings it runs, one clear error for the rest
-    (README "With vLLM"). Turns vLLM's default async scheduling off: the builder places states by
-    each row's computed tokens, which the host knows exactly only without it."""
+    (README "With vLLM"). Leaves async scheduling as vLLM sets it: with it the host's computed
+    tokens of a row after a step with drafts are optimistic, and the builder places the spec rows
+    from the device's (``gdn_graphs.vllm.spec_placement``)."""
     sc, cc = vllm_config.speculative_config, vllm_config.cache_config
     method, k = getattr(sc, "method", None), getattr(sc, "num_speculative_tokens", None)
     if method not in SPEC_METHODS:
-        raise ValueError(f"gdn_graphs runs speculative decoding with method 'ngram' or the MTP "
-                         f"methods {SPEC_METHODS[1:]}; got method={method!r}. Use one of them, "
+        raise ValueError(f"gdn_graphs runs speculative decoding with method 'ngram', "
+                         f"'ngram_gpu' or the MTP methods {SPEC_METHODS[2:]}; got "
+                         f"method={method!r}. Use one of them, "
                          f"{_OFF}")
     if not isinstance(k, int) or not 1 <= k < CHUNK:
         raise ValueError(f"gdn_graphs needs num_speculative_tokens in [1, {CHUNK - 1}] (1 + k "
@@ -123,15 +126,10 @@ def check_speculative(vllm_config) -> None:
                          f"cache mode 'all', whose pages hold the states after every draft); "
                          f"enable_prefix_caching=False gives one page per request. Turn prefix "
                          f"caching on, {_OFF}")
-    sched = vllm_config.scheduler_config
-    if sched.async_scheduling:
-        raise ValueError(f"gdn_graphs runs speculative decoding without async scheduling (its "
-                         f"builder needs each row's exact computed tokens on the host); pass "
-                         f"async_scheduling=False, {_OFF}")
-    if sched.async_scheduling is None:
-        sched.async_scheduling = False
-        logger.info("gdn_graphs: async scheduling off (speculative decoding with gdn_graphs)")
-    logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout)", method, k)
+    # async scheduling is vLLM's to turn on or off (it does for MTP and ngram_gpu, not for
+    # ngram): the builder places the spec rows from the device's counts then (spec_placement)
+    logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout; with async "
+                "scheduling the spec rows are placed from the device's token counts)", method, k)
     # Qwen3-Next ran on an H200 (n-gram k=3, MTP k=2: float32 tokens as without speculation);
     # Qwen3.5 with MTP has not yet (README "With vLLM"): said at every such engine build
     archs = getattr(getattr(vllm_config, "model_config", None), "architectures", None) or ()

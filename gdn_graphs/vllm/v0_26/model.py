@@ -170,14 +170,22 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
                                                      vllm_config.model_config.max_model_len)
         self._steps = StepBuilder(_resources_of(vllm_config, layer_names), block_size, width,
                                   NULL_BLOCK_ID, device)
+        # async scheduling with speculation: the host's seq_lens of a row whose previous step had
+        # drafts count them all accepted; the device's are true (vLLM's model runner corrects
+        # them there), and the spec rows' slots are placed from those (spec_placement)
+        self._device_counts = bool(k and vllm_config.scheduler_config.async_scheduling)
 
     def _args(self, m: CommonAttentionMetadata):
         # seq_lens - query lens = tokens computed before the step: exact without async scheduling
-        # (which the config turns off with speculative decoding: the scheduler has taken the
-        # rejected drafts back by then), and right for vLLM's dummy batches too (its
-        # computed-token counts there are stale)
+        # (the scheduler has taken the rejected drafts back by then), optimistic for the spec
+        # rows with it (the optimistic counts vLLM keeps on the host: seq_lens_cpu_upper_bound;
+        # the device's seq_lens then place those rows), and right for vLLM's dummy batches too
+        # (its computed-token counts there are stale)
         seq_lens = m._seq_lens_cpu if m._seq_lens_cpu is not None else m.seq_lens_cpu_upper_bound
         return m.query_start_loc_cpu.numpy(), seq_lens.numpy(), m.block_table_tensor, m.num_reqs
+
+    def _device_seq_lens(self, m: CommonAttentionMetadata):
+        return m.seq_lens if self._device_counts else None
 
     def _metadata(self, step: GDNStep, m: CommonAttentionMetadata) -> GDNGraphsMetadata:
         host = step.host
@@ -191,11 +199,13 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
               num_accepted_tokens=None, num_decode_draft_tokens_cpu=None, fast_build: bool = False,
               **_: Any) -> GDNGraphsMetadata:
         # vLLM passes the draft counts to GDN builders (we are registered as one, install_layer);
-        # the accepted counts are not needed: each row's computed tokens already say them
+        # the accepted counts are not needed: each row's computed tokens (the device's under
+        # async scheduling) already say them
         m = common_attn_metadata
         drafts = (num_decode_draft_tokens_cpu.numpy()
                   if num_decode_draft_tokens_cpu is not None else None)
-        return self._metadata(self._steps.build(*self._args(m), drafts=drafts), m)
+        return self._metadata(self._steps.build(*self._args(m), drafts=drafts,
+                                                device_seq_lens=self._device_seq_lens(m)), m)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         m = common_attn_metadata

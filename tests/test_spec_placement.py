@@ -22,12 +22,24 @@ def test_device_placement_equals_host_placement_of_true_counts(k, seed):
     """Host plans with optimistic counts (the true count + up to k rejected drafts); the device
     counts place the spec rows exactly as a host plan of the true counts would; padded rows and
     the prefill row keep the host plan."""
+    _check_placement(k, seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k, seed", [(1, 0), (3, 1), (7, 2)])
+def test_gpu_device_placement_equals_host_placement_of_true_counts(k, seed, gpu):
+    """The same with the kernel compiled for the GPU (the interpreter accepts kernels that do not
+    compile: tests/test_kernel_globals.py)."""
+    _check_placement(k, seed, gpu)
+
+
+def _check_placement(k, seed, device):
     rng = np.random.default_rng(seed)
     L, R, width, rows = k + 1, k + 2, 12 + k + 2, 4
-    p = DeviceTablePlanner(8, 512, B, None, width, null_block=0, device="cpu",
+    p = DeviceTablePlanner(8, 512, B, None, width, null_block=0, device=device,
                            max_spec_len=L, lookahead=R)
-    table = torch.arange(1, 1 + 8 * width, dtype=torch.int32).view(8, width)
-    exact = DeviceTablePlanner(8, 512, B, None, width, null_block=0, device="cpu",
+    table = torch.arange(1, 1 + 8 * width, dtype=torch.int32, device=device).view(8, width)
+    exact = DeviceTablePlanner(8, 512, B, None, width, null_block=0, device=device,
                                max_spec_len=L, lookahead=R)
     for trial in range(40):
         q = rng.integers(1, L + 1, rows)
@@ -41,7 +53,7 @@ def test_device_placement_equals_host_placement_of_true_counts(k, seed):
         nh = list(n_host) + ([3 * B] if prefill else [])
         nt = list(n_true) + ([3 * B] if prefill else [])
         qsl = np.concatenate([[0], np.cumsum(qs)])
-        dev = torch.tensor(np.add(nt, qs), dtype=torch.int32)
+        dev = torch.tensor(np.add(nt, qs), dtype=torch.int32, device=device)
         pad = 6
         got = p.plan(qsl, nh, table, pad_decodes_to=pad, spec_rows=rows, device_seq_lens=dev)
         want = exact.plan(qsl, nt, table, pad_decodes_to=pad, spec_rows=rows)

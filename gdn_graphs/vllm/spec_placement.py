@@ -26,6 +26,10 @@ from gdn_graphs.ops.common import ERR_META_C, ERR_TOKENS_C, report
 
 __all__ = ["place_spec_rows"]
 
+# a compiled kernel reads module globals only as constexprs (the interpreter reads any global,
+# which is how a plain NO_SLOT here passed the CPU tier and failed on an H200)
+_NO_SLOT = tl.constexpr(NO_SLOT)
+
 
 @triton.jit
 def _lookahead_col(m, B, R):
@@ -48,14 +52,14 @@ def _place_spec_rows_kernel(seq_lens, spec_cu, spec_read, spec_write, error_flag
     base = i * stride
     rcol = _lookahead_col(tl.maximum(n, 1), B, R)
     bad_read = (n > 0) & (rcol >= width)
-    read = tl.where((n > 0) & ~bad_read & ~bad_tokens, base + rcol, NO_SLOT)
+    read = tl.where((n > 0) & ~bad_read & ~bad_tokens, base + rcol, _NO_SLOT)
     tl.store(spec_read + i, read)
     t = tl.arange(0, BLOCK_L)
     m = tl.maximum(n, 0) + 1 + t
     wcol = _lookahead_col(m, B, R)
     live = t < q
     bad_write = live & (wcol >= width)
-    write = tl.where(live & ~bad_write & ~bad_tokens, base + wcol, NO_SLOT)
+    write = tl.where(live & ~bad_write & ~bad_tokens, base + wcol, _NO_SLOT)
     tl.store(spec_write + i * L + t, write, mask=t < L)
     report(error_flag, bad_read | (tl.sum(bad_write.to(tl.int32), axis=0) > 0), ERR_META_C,
            HAS_FLAG)

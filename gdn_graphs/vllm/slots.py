@@ -171,6 +171,15 @@ class DeviceTablePlanner:
         self._last: tuple[bytes, GDNStep] | None = None
         self.slots = SlotSet(self)  # the default set (one-group engines, tests)
         self.errors = ErrorWatch(self.planner.error_flag)
+        # The gather's index and "no placeholder" mask depend on the placeholder plan alone (and
+        # the index's clamp on the flat table's length), not on a group's table: made once per
+        # plan into these persistent buffers and shared by every group's gather (_gather).
+        span_len = self.planner.slot_end
+        self._gather_idx = torch.zeros(span_len, dtype=torch.int32, device=self.planner.device)
+        self._no_placeholder = torch.zeros(span_len, dtype=torch.bool, device=self.planner.device)
+        self._drop = torch.zeros(span_len, dtype=torch.bool, device=self.planner.device)
+        self._gather_idx_len: int | None = None  # the flat table length _gather_idx is clamped to
+        self._new_gather_plan()
 
     def new_slots(self) -> SlotSet:
         return SlotSet(self)
@@ -213,6 +222,7 @@ class DeviceTablePlanner:
             qs = q[:rows].tolist()
             self._last = None  # a failed plan must not leave a stale key behind
             placeholder_step = self._plan_rows(n_rows.tolist(), qs, pad_decodes_to, spec_rows)
+            self._new_gather_plan()
             self._last = (key, placeholder_step)
         slots = slots or self.slots
         self._gather(block_table, slots)
@@ -244,10 +254,33 @@ class DeviceTablePlanner:
         padded[:, :self.table_width] = block_table[:, :self.table_width]
         return padded.view(-1)
 
+    def _new_gather_plan(self) -> None:
+        """A new placeholder plan is in the span: mark its entries without a placeholder (NO_SLOT
+        and the alignment gaps) once for every group; the index is clamped at the next gather."""
+        torch.lt(self.planner.flat[:self.planner.slot_end], 0, out=self._no_placeholder)
+        self._gather_idx_len = None
+
+    def _gather_index(self, flat_len: int) -> torch.Tensor:
+        """The placeholder span as indices into a flat table of ``flat_len`` entries (NO_SLOT ->
+        0; the clamp above is a second guard: plan() has checked the table's rows), made once per
+        plan and table length (vLLM's groups of a step share both)."""
+        if self._gather_idx_len != flat_len:
+            torch.clamp(self.planner.flat[:self.planner.slot_end], min=0, max=flat_len - 1,
+                        out=self._gather_idx)
+            self._gather_idx_len = flat_len
+        return self._gather_idx
+
     def _gather(self, block_table: torch.Tensor, slots: SlotSet) -> None:
-        """slots = block ids at the placeholders; NO_SLOT and the null block -> NO_SLOT."""
-        span = self.planner.flat[:self.planner.slot_end]
+        """slots = block ids at the placeholders; NO_SLOT and the null block -> NO_SLOT.
+
+        Four launches per group, in place in the group's persistent buffer (no allocation): the
+        gather, the null-block test, the placeholder mask and the fill."""
         flat_table = self._flat_table(block_table)
-        idx = span.clamp(min=0, max=flat_table.shape[0] - 1)
-        ids = flat_table.index_select(0, idx).to(torch.int32)
-        slots.flat.copy_(ids.masked_fill_((span < 0) | (ids == self.null_block), NO_SLOT))
+        idx = self._gather_index(flat_table.shape[0])
+        if flat_table.dtype == torch.int32:  # vLLM's tables: gather straight into the slot buffer
+            torch.index_select(flat_table, 0, idx, out=slots.flat)
+        else:
+            slots.flat.copy_(flat_table.index_select(0, idx))
+        torch.eq(slots.flat, self.null_block, out=self._drop)
+        self._drop.logical_or_(self._no_placeholder)
+        slots.flat.masked_fill_(self._drop, NO_SLOT)

@@ -170,8 +170,19 @@ class DeviceTablePlanner:
         self._placeholders = np.arange(max_reqs * table_stride, dtype=np.int64).reshape(
             max_reqs, table_stride)[:, :table_width]
         self._last: tuple[bytes, GDNStep] | None = None
+        self._last_rows = 0
+        self._last_inputs: tuple | None = None  # remember_inputs / same_inputs
         self.slots = SlotSet(self)  # the default set (one-group engines, tests)
         self.errors = ErrorWatch(self.planner.error_flag)
+        # The gather's index and "no placeholder" mask depend on the placeholder plan alone (and
+        # the index's clamp on the flat table's length), not on a group's table: made once per
+        # plan into these persistent buffers and shared by every group's gather (_gather).
+        span_len = self.planner.slot_end
+        self._gather_idx = torch.zeros(span_len, dtype=torch.int32, device=self.planner.device)
+        self._no_placeholder = torch.zeros(span_len, dtype=torch.bool, device=self.planner.device)
+        self._drop = torch.zeros(span_len, dtype=torch.bool, device=self.planner.device)
+        self._gather_idx_len: int | None = None  # the flat table length _gather_idx is clamped to
+        self._new_gather_plan()
 
     def new_slots(self) -> SlotSet:
         return SlotSet(self)
@@ -198,24 +209,14 @@ class DeviceTablePlanner:
         counts as the previous call reuse its plan (another group of the same step). Raises
         ValueError before touching any buffer.
         """
+        self._last_inputs = None  # until this call has succeeded
         qsl = np.asarray(query_start_loc, dtype=np.int64)
         q = np.diff(qsl)
         rows = int(np.count_nonzero(q))
         if rows and not q[:rows].all():
             raise ValueError("rows that schedule no tokens must come after every real row")
-        if block_table.dim() != 2 or block_table.shape[1] < self.table_width or (
-                block_table.shape[1] > 1 and block_table.stride(1) != 1):
-            raise ValueError(f"block table {tuple(block_table.shape)} strides {block_table.stride()} "
-                             f"needs at least {self.table_width} contiguous columns")
-        if block_table.shape[0] < rows:
-            raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
-        if device_seq_lens is not None and spec_rows and (
-                device_seq_lens.dtype != torch.int32 or device_seq_lens.dim() != 1
-                or device_seq_lens.shape[0] < rows
-                or device_seq_lens.device.type != self.planner.device.type):
-            raise ValueError(f"device_seq_lens must be an int32 [>= {rows}] tensor on "
-                             f"{self.planner.device}, got {device_seq_lens.dtype} "
-                             f"{tuple(device_seq_lens.shape)} on {device_seq_lens.device}")
+        self._check_table(block_table, rows)
+        self._check_device_counts(device_seq_lens, spec_rows, rows)
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
         key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(),
                         repr((pad_decodes_to, spec_rows)).encode()))
@@ -226,14 +227,52 @@ class DeviceTablePlanner:
             qs = q[:rows].tolist()
             self._last = None  # a failed plan must not leave a stale key behind
             placeholder_step = self._plan_rows(n_rows.tolist(), qs, pad_decodes_to, spec_rows)
+            self._new_gather_plan()
             self._last = (key, placeholder_step)
-        if device_seq_lens is not None and placeholder_step.host.num_spec:
-            # every call, also another group's reuse: the same host counts in a later step may
-            # come with other device counts, and rerunning it on the same ones changes nothing
-            self._place_on_device(placeholder_step, device_seq_lens)
+        self._place_on_device(placeholder_step, device_seq_lens)
+        self._last_rows = rows
         slots = slots or self.slots
         self._gather(block_table, slots)
         return slots.step(placeholder_step)
+
+    def remember_inputs(self, inputs: tuple) -> None:
+        """Name the inputs of the call that just succeeded: ``inputs`` is the caller's exact
+        record of everything its plan() arguments were computed from (vLLM's builder: the query
+        start locations, sequence lengths, draft counts and row count), so that another group of
+        the same step can skip straight to its gather (``same_inputs``)."""
+        self._last_inputs = inputs
+
+    def same_inputs(self, inputs: tuple, block_table: torch.Tensor, slots: SlotSet,
+                    device_seq_lens: torch.Tensor | None = None) -> GDNStep | None:
+        """The last call's step over ``slots``, gathered from ``block_table``, when ``inputs`` equal
+        the ones ``remember_inputs`` named for it (None otherwise): what plan() would do with the
+        same arguments (its plan is a function of them; the table and device counts are checked
+        and the spec rows placed from those counts as plan() does) without recomputing them."""
+        if self._last_inputs is None or self._last is None or self._last_inputs != inputs:
+            return None
+        step = self._last[1]
+        self._check_table(block_table, self._last_rows)
+        self._check_device_counts(device_seq_lens, step.host.num_spec, self._last_rows)
+        self._place_on_device(step, device_seq_lens)
+        self._gather(block_table, slots)
+        return slots.step(step)
+
+    def _check_device_counts(self, device_seq_lens, spec_rows: int, rows: int) -> None:
+        if device_seq_lens is not None and spec_rows and (
+                device_seq_lens.dtype != torch.int32 or device_seq_lens.dim() != 1
+                or device_seq_lens.shape[0] < rows
+                or device_seq_lens.device.type != self.planner.device.type):
+            raise ValueError(f"device_seq_lens must be an int32 [>= {rows}] tensor on "
+                             f"{self.planner.device}, got {device_seq_lens.dtype} "
+                             f"{tuple(device_seq_lens.shape)} on {device_seq_lens.device}")
+
+    def _check_table(self, block_table: torch.Tensor, rows: int) -> None:
+        if block_table.dim() != 2 or block_table.shape[1] < self.table_width or (
+                block_table.shape[1] > 1 and block_table.stride(1) != 1):
+            raise ValueError(f"block table {tuple(block_table.shape)} strides {block_table.stride()} "
+                             f"needs at least {self.table_width} contiguous columns")
+        if block_table.shape[0] < rows:
+            raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
 
     def _plan_rows(self, ns: list[int], qs: list[int], pad_to: int | None,
                    spec_rows: int) -> GDNStep:
@@ -250,13 +289,20 @@ class DeviceTablePlanner:
         return self.planner.plan(ns, qs, self._placeholders[:rows],
                                  spec=[i < spec_rows for i in range(rows)], pad_spec_to=pad)
 
-    def _place_on_device(self, step: GDNStep, device_seq_lens: torch.Tensor) -> None:
-        """The real spec rows' placeholders from the device's counts (padded rows keep NO_SLOT)."""
+    def _place_on_device(self, step: GDNStep, device_seq_lens: torch.Tensor | None) -> None:
+        """The real spec rows' placeholders from the device's counts (padded rows keep NO_SLOT);
+        nothing without device counts or spec rows. Every call, another group's reuse included:
+        the same host counts in a later step may come with other device counts, and rerunning it
+        on the same ones changes nothing. The placement changes the placeholder span, so the
+        gather's mask and index are made again from it (_new_gather_plan)."""
+        if device_seq_lens is None or not step.host.num_spec:
+            return
         gp = self.planner
         place_spec_rows(device_seq_lens, gp.spec_cu, gp.spec_read, gp.spec_write,
                         rows=step.host.num_spec, stride=self.table_stride, width=self.table_width,
                         block_size=gp.limits.block_size, lookahead=gp.limits.lookahead,
                         error_flag=gp.error_flag)
+        self._new_gather_plan()
 
     def _flat_table(self, block_table: torch.Tensor) -> torch.Tensor:
         """The table as a flat tensor that the placeholders index (row i at i * table_stride): a
@@ -269,10 +315,33 @@ class DeviceTablePlanner:
         padded[:, :self.table_width] = block_table[:, :self.table_width]
         return padded.view(-1)
 
+    def _new_gather_plan(self) -> None:
+        """A new placeholder plan is in the span: mark its entries without a placeholder (NO_SLOT
+        and the alignment gaps) once for every group; the index is clamped at the next gather."""
+        torch.lt(self.planner.flat[:self.planner.slot_end], 0, out=self._no_placeholder)
+        self._gather_idx_len = None
+
+    def _gather_index(self, flat_len: int) -> torch.Tensor:
+        """The placeholder span as indices into a flat table of ``flat_len`` entries (NO_SLOT ->
+        0; the clamp above is a second guard: plan() has checked the table's rows), made once per
+        plan and table length (vLLM's groups of a step share both)."""
+        if self._gather_idx_len != flat_len:
+            torch.clamp(self.planner.flat[:self.planner.slot_end], min=0, max=flat_len - 1,
+                        out=self._gather_idx)
+            self._gather_idx_len = flat_len
+        return self._gather_idx
+
     def _gather(self, block_table: torch.Tensor, slots: SlotSet) -> None:
-        """slots = block ids at the placeholders; NO_SLOT and the null block -> NO_SLOT."""
-        span = self.planner.flat[:self.planner.slot_end]
+        """slots = block ids at the placeholders; NO_SLOT and the null block -> NO_SLOT.
+
+        Four launches per group, in place in the group's persistent buffer (no allocation): the
+        gather, the null-block test, the placeholder mask and the fill."""
         flat_table = self._flat_table(block_table)
-        idx = span.clamp(min=0, max=flat_table.shape[0] - 1)
-        ids = flat_table.index_select(0, idx).to(torch.int32)
-        slots.flat.copy_(ids.masked_fill_((span < 0) | (ids == self.null_block), NO_SLOT))
+        idx = self._gather_index(flat_table.shape[0])
+        if flat_table.dtype == torch.int32:  # vLLM's tables: gather straight into the slot buffer
+            torch.index_select(flat_table, 0, idx, out=slots.flat)
+        else:
+            slots.flat.copy_(flat_table.index_select(0, idx))
+        torch.eq(slots.flat, self.null_block, out=self._drop)
+        self._drop.logical_or_(self._no_placeholder)
+        slots.flat.masked_fill_(self._drop, NO_SLOT)

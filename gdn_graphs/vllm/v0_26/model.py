@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from vllm.forward_context import get_forward_context
@@ -204,12 +205,31 @@ class GDNGraphsBuilder(AttentionMetadataBuilder[GDNGraphsMetadata]):
         m = common_attn_metadata
         drafts = (num_decode_draft_tokens_cpu.numpy()
                   if num_decode_draft_tokens_cpu is not None else None)
-        return self._metadata(self._steps.build(*self._args(m), drafts=drafts,
-                                                device_seq_lens=self._device_seq_lens(m)), m)
+        args = self._args(m)
+        counts = self._device_seq_lens(m)
+        # vLLM builds the three GDN groups of a step on the same host inputs: the groups after
+        # the first gather their table into the step already planned (same_inputs)
+        inputs = _step_inputs(*args, drafts)
+        planner = self._steps.planner
+        step = planner.same_inputs(inputs, args[2], self._steps.slots, device_seq_lens=counts)
+        if step is None:
+            step = self._steps.build(*args, drafts=drafts, device_seq_lens=counts)
+            planner.remember_inputs(inputs)
+        return self._metadata(step, m)
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata):
         m = common_attn_metadata
         return self._metadata(self._steps.build_for_capture(*self._args(m)), m)
+
+
+def _step_inputs(query_start_loc, seq_lens, block_table, num_reqs, drafts) -> tuple:
+    """Everything StepBuilder.build computes its plan from, exactly (dtypes, lengths and bytes of
+    the host arrays it reads, the row count), but the group's table."""
+    rows = len(query_start_loc) - 1
+    seq = seq_lens[:rows]
+    d = None if drafts is None else np.asarray(drafts[:rows])
+    return (query_start_loc.dtype.str, query_start_loc.tobytes(), seq.dtype.str, seq.tobytes(),
+            None if d is None else (d.dtype.str, len(d), d.tobytes()), num_reqs)
 
 
 def _resources_of(vllm_config, layer_names) -> GDNResources:

@@ -27,7 +27,7 @@ fi
 case ":$PYTHONPATH:" in *:/tmp/site:*) ;; *) [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site ;; esac
 if [ -d /tmp/fisite ]; then
   # the CuTe-DSL package is found through a .pth file, which PYTHONPATH does not read
-  export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages
+  export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages
 fi
 echo "PYTHONPATH=$PYTHONPATH"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git rev-parse --short HEAD; } > "$W/gpu.txt" 2>&1

@@ -193,9 +193,11 @@ def main(argv=None):
     ap.add_argument("--chat-gen", type=int, default=400)
     ap.add_argument("--spec", choices=("none", "ngram", "ngram_gpu", "mtp"), default="none",
                     help="speculative decoding: n-gram (prompt lookup; ngram_gpu: on the device, "
-                         "with vLLM's async scheduling) or the checkpoint's MTP (async "
-                         "scheduling is vLLM's default choice: on for ngram_gpu and MTP)")
+                         "vLLM's n-gram for async scheduling) or the checkpoint's MTP")
     ap.add_argument("--spec-k", type=int, default=3, help="draft tokens per step")
+    ap.add_argument("--async-scheduling", choices=("default", "on", "off"), default="default",
+                    help="vLLM's async_scheduling; default: left unset (vLLM's choice; with "
+                         "speculation the plugin then turns it off)")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
@@ -250,6 +252,8 @@ def main(argv=None):
               kv_cache_memory_bytes=kv_bytes,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
               speculative_config=speculative_config(a.spec, a.spec_k),
+              **({} if a.async_scheduling == "default" else
+                 {"async_scheduling": a.async_scheduling == "on"}),
               **({"language_model_only": True} if a.language_model_only else {}))
     start_s = time.perf_counter() - t0
     t_up = time.time()  # wall clock, to compare with file times

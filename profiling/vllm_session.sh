@@ -19,7 +19,7 @@
 #                                                # and reuse, plugin and own mode side by side
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
-#                                                # (both with vLLM's default async scheduling)
+#                                                # (both with async scheduling on)
 #   bash profiling/vllm_session.sh spec_bf16     # bf16 plugin ngram, then vLLM's own mode ngram
 #   bash profiling/vllm_session.sh spec_qwen3_5  # issue 12: tiny Qwen3.5 dense with MTP k=2
 #
@@ -33,7 +33,8 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALL
 # FlashInfer (../shared/tools/flashinfer_stage.sh's parts unpacked into /tmp/fisite): vLLM's own
 # mode then runs its default GDN prefill on Hopper (FlashInfer); its CuTe-DSL package is found
 # through a .pth file, which PYTHONPATH does not read
-[ -d /tmp/fisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages
+# (nvidia-cutlass-dsl 4.5 keeps it in python_packages, 4.6 in dsl_packages)
+[ -d /tmp/fisite ] && export PYTHONPATH=$PYTHONPATH:/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages
 # a previous target's engine processes can outlive their parent (vllm_e2e.py skips vLLM's teardown)
 # and hold the GPUs' memory (seen: TP 2 workers, then "Free memory on device ... less than desired")
 # (PARALLEL=1: a sub-target of "many", which did this and the install once for all of them)
@@ -175,7 +176,9 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
   spec|spec_bf16)  # issue 12. spec: three float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
     # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3
-    # (ngram_gpu) and with MTP k=2, both under vLLM's default async scheduling (on for them). spec_bf16: the plugin, then vLLM's own "align" mode, with the same
+    # (ngram_gpu) and with MTP k=2, both with async scheduling on (the plugin's device-placed
+    # spec rows; unset, the plugin turns it off). spec_bf16: the plugin, then vLLM's own "align"
+    # mode, with the same
     # speculation (SPEC_BF16, default n-gram k=3 then MTP k=2), one engine after the other
     # (reuse, acceptance, decode tok/s)
     MM=/tmp/tiny_qwen3_next_fp32_mtp
@@ -185,9 +188,11 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
     if [ $target = spec ]; then
       e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
-      # vLLM's default async scheduling (on for ngram_gpu and MTP: the JSON's async_scheduling)
-      e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram_gpu --spec-k 3 $kv &
-      e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 $kv &
+      # async scheduling on (the JSON's async_scheduling says what ran)
+      e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram_gpu --spec-k 3 \
+          --async-scheduling on $kv &
+      e2e fp32_plugin_mtp2    $MM --dtype float32 --plugin on --spec mtp --spec-k 2 \
+          --async-scheduling on $kv &
       wait
     else
       MB=/tmp/tiny_qwen3_next_bf16_mtp

@@ -105,9 +105,11 @@ _OFF = "or turn the plugin off for this engine with additional_config={'gdn_grap
 
 def check_speculative(vllm_config) -> None:
     """Speculative decoding with the plugin: which settings it runs, one clear error for the rest
-    (README "With vLLM"). Leaves async scheduling as vLLM sets it: with it the host's computed
-    tokens of a row after a step with drafts are optimistic, and the builder places the spec rows
-    from the device's (``gdn_graphs.vllm.spec_placement``)."""
+    (README "With vLLM"). Async scheduling: with it the host's computed tokens of a row after a
+    step with drafts are optimistic, and the builder places the spec rows from the device's
+    (``gdn_graphs.vllm.spec_placement``). That path has passed its CPU tests but not yet a GPU
+    run, so an engine that leaves async scheduling unset gets it off (the path that has run on
+    an H200) and ``async_scheduling=True`` opts in, with a warning."""
     sc, cc = vllm_config.speculative_config, vllm_config.cache_config
     method, k = getattr(sc, "method", None), getattr(sc, "num_speculative_tokens", None)
     if method not in SPEC_METHODS:
@@ -126,15 +128,16 @@ def check_speculative(vllm_config) -> None:
                          f"cache mode 'all', whose pages hold the states after every draft); "
                          f"enable_prefix_caching=False gives one page per request. Turn prefix "
                          f"caching on, {_OFF}")
-    # async scheduling is vLLM's to turn on or off (it does for MTP and ngram_gpu, not for
-    # ngram): the builder places the spec rows from the device's counts then (spec_placement)
-    logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout; with async "
-                "scheduling the spec rows are placed from the device's token counts)", method, k)
-    # Qwen3-Next ran on an H200 (n-gram k=3, MTP k=2: float32 tokens as without speculation);
-    # Qwen3.5 with MTP has not yet (README "With vLLM"): said at every such engine build
-    archs = getattr(getattr(vllm_config, "model_config", None), "architectures", None) or ()
-    if not any(a.startswith("Qwen3Next") for a in archs):
-        logger.warning("gdn_graphs: speculative decoding with the plugin has run on a GPU for "
-                       "Qwen3-Next only; for %s it has passed its CPU tests, not a GPU run: %s if "
-                       "its tokens differ from a run without speculation", list(archs),
-                       _OFF.removeprefix("or "))
+    sched = vllm_config.scheduler_config
+    if sched.async_scheduling is None:
+        sched.async_scheduling = False
+        logger.info("gdn_graphs: async scheduling off with speculative decoding (the path that "
+                    "has run on a GPU); async_scheduling=True runs the device-placed path, which "
+                    "has passed its CPU tests only")
+    elif sched.async_scheduling:
+        logger.warning("gdn_graphs: speculative decoding with async scheduling places the spec "
+                       "rows from the device's token counts; that path has passed its CPU tests "
+                       "but not yet a GPU run (README \"With vLLM\"): pass "
+                       "async_scheduling=False %s if its tokens differ from a run without "
+                       "speculation", _OFF)
+    logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout)", method, k)

@@ -220,10 +220,14 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     e2e bf16_q35_vllm_mtp2     $MQ $q35 --dtype bfloat16 --plugin off --spec mtp --spec-k 2 $kv &
     wait ;;
   load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
-    for who in ${WHO:-plugin vllm}; do
-      p=on; [ $who = vllm ] && p=off
-      e2e load_$who $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
-          --scenarios load --max-model-len 20480 --max-batched 8192 ${LOAD_ARGS:-}
+    # (LOAD_REPEATS=2: plugin, own mode, plugin, own mode: one run each did not rank them, the
+    # same engine's TTFT p50 moved 12x between two runs; later runs are load_<who>_2, ...)
+    for r in $(seq 1 ${LOAD_REPEATS:-1}); do
+      for who in ${WHO:-plugin vllm}; do
+        p=on; [ $who = vllm ] && p=off; sfx=; [ $r -gt 1 ] && sfx=_$r
+        e2e load_$who$sfx $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+            --scenarios load --max-model-len 20480 --max-batched 8192 ${LOAD_ARGS:-}
+      done
     done ;;
 esac
 for f in "$D"/*.log; do

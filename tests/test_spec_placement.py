@@ -113,3 +113,30 @@ def test_bad_arguments_raise_before_a_launch():
     with pytest.raises(ValueError, match="device_seq_lens must be an int32"):
         p.plan(np.array([0, 4]), [10], table, spec_rows=1,
                device_seq_lens=torch.zeros(1, dtype=torch.int64))
+
+
+_COMPILE_SCRIPT = r"""
+from gdn_graphs.vllm import spec_placement as S
+from sm90_compile import compile_sm90, ptxas_report
+
+meta = {"seq_lens", "spec_cu", "spec_read", "spec_write", "error_flag"}
+for L, has_flag in [(2, True), (4, True), (4, False), (8, True)]:
+    ck = compile_sm90(S._place_spec_rows_kernel, dict(L=L, BLOCK_L=L), {}, meta,
+                      ("stride", "width", "B", "R"), has_flag, num_warps=1)
+    regs, spills = ptxas_report(ck)
+    print(L, has_flag, "regs", regs, "spills", spills)
+    assert ("atom" in ck.asm["ptx"]) == has_flag, "the flag's atomic"
+"""
+
+
+def test_placement_kernel_compiles_for_sm90():
+    """The placement kernel compiles for an H200 (sm_90) without the interpreter, with and
+    without the error flag (its first GPU run failed at compile time; the CPU tier had passed).
+    Needs no GPU (Triton's ptxas)."""
+    import os
+
+    from sm90_compile import ptxas_path, run_script
+    if not os.path.exists(ptxas_path()):
+        pytest.skip("this triton has no bundled ptxas")
+    res = run_script(_COMPILE_SCRIPT)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]

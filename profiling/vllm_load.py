@@ -43,16 +43,25 @@ def add_args(ap) -> None:
 
 def load_kv_bytes(model_path: str, a) -> int:
     """KV bytes for --load-concurrency requests of prompt + gen (+ a second turn's growth), from
-    the checkpoint's full-attention layers (K and V per token), plus 5% for the GDN pages."""
+    the checkpoint's full-attention layers (K and V per token), plus 5%, plus two GDN states per
+    request (SSM state and conv window of every GDN layer, in the model's dtype: a running page
+    and a cached one; with the 80B-A3B layout a state is 1 MiB a layer, so the 5% alone would
+    leave a few pages; for the tiny model the term is about 4% more memory than before
+    2026-12-01's fifth session, whose load runs had the 5% only)."""
     cfg = json.load(open(os.path.join(model_path, "config.json")))
     text = cfg.get("text_config", cfg)
     kinds = text.get("layer_types") or []
     n_attn = sum(k == "full_attention" for k in kinds) or max(
         1, text["num_hidden_layers"] // text.get("full_attention_interval", 4))
+    n_gdn = sum(k == "linear_attention" for k in kinds) or text["num_hidden_layers"] - n_attn
     size = 4 if a.dtype == "float32" else 2
     per_token = n_attn * 2 * text["num_key_value_heads"] * text["head_dim"] * size
     tokens = a.load_prompt_len + a.load_gen + a.load_turn_len
-    return int(a.load_concurrency * tokens * per_token * 1.05)
+    hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
+    conv = (2 * hk * dk + hv * dv) * (text["linear_conv_kernel_dim"] - 1)
+    gdn_state = n_gdn * (hv * dk * dv + conv) * size
+    return int(a.load_concurrency * (tokens * per_token * 1.05 + 2 * gdn_state))
 
 
 def workload(rng, a, vocab):

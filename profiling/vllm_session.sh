@@ -222,11 +222,19 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
   load)  # issue 16: requests over time into KV memory for ~8 concurrent 16k requests
     # (LOAD_REPEATS=2: plugin, own mode, plugin, own mode: one run each did not rank them, the
     # same engine's TTFT p50 moved 12x between two runs; later runs are load_<who>_2, ...)
+    # (LOAD80=1: the 80B-A3B layout cut to LAYERS80 layers, random weights, instead of the tiny
+    # model; the KV memory is sized from its config the same way)
+    ML=$M16 mla=; tag=load
+    if [ -n "${LOAD80:-}" ]; then
+      ML=/tmp/qwen3_next_80b_${LAYERS80:-8}l mla="--load-format dummy --gpu-mem ${GPU_MEM80:-0.3}"
+      tag=load80
+      [ -d $ML ] || python3 -m tools.tiny_model $ML --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
+    fi
     for r in $(seq 1 ${LOAD_REPEATS:-1}); do
       for who in ${WHO:-plugin vllm}; do
         p=on; [ $who = vllm ] && p=off; sfx=; [ $r -gt 1 ] && sfx=_$r
-        e2e load_$who$sfx $M16 --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
-            --scenarios load --max-model-len 20480 --max-batched 8192 ${LOAD_ARGS:-}
+        e2e ${tag}_$who$sfx $ML --dtype bfloat16 --plugin $p --prefix-caching on --graphs on \
+            --scenarios load --max-model-len 20480 --max-batched 8192 $mla ${LOAD_ARGS:-}
       done
     done ;;
 esac

@@ -125,8 +125,11 @@ def test_kv_bytes_from_the_tiny_checkpoint(load, tmp_path):
 
     tiny_config().save_pretrained(tmp_path)
     a = args(load, "--load-concurrency", "8")
-    # one full-attention layer, 2 KV heads of 64, bf16: 512 bytes a token
-    assert load.load_kv_bytes(str(tmp_path), a) == int(8 * (600 + 4 + 20) * 512 * 1.05)
+    # one full-attention layer, 2 KV heads of 64, bf16: 512 bytes a token; three GDN layers of
+    # 8 value heads of 64 x 64 and a conv window of 3 x (2 * 4 * 64 + 8 * 64) channels, bf16,
+    # two states a request
+    gdn = 3 * (8 * 64 * 64 + 3 * (2 * 4 * 64 + 8 * 64)) * 2
+    assert load.load_kv_bytes(str(tmp_path), a) == int(8 * ((600 + 4 + 20) * 512 * 1.05 + 2 * gdn))
 
 
 def test_report_reads_the_logged_capacity(tmp_path):

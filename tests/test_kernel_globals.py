@@ -15,6 +15,7 @@ import builtins
 import importlib
 import inspect
 import pkgutil
+import sys
 import textwrap
 import types
 
@@ -43,11 +44,19 @@ def _unwrap(obj):
     return None
 
 
+# vLLM's version adapters: they import vLLM, define no kernel, and importing vLLM at collection,
+# before the vLLM tier's vllm_cpu fixture picks its platform, leaves vLLM on an unspecified
+# platform for every later test (seen in the fresh-clone CI)
+_SKIP = ("gdn_graphs.vllm.v0_",)
+
+
 def _kernels():
-    """(module, name, JITFunction) for every kernel defined in gdn_graphs (modules that need vLLM
-    are skipped where it is not installed)."""
+    """(module, name, jitted function) for every kernel defined in gdn_graphs (modules that fail
+    to import where an optional dependency is missing are skipped)."""
     found = []
     for info in pkgutil.walk_packages(gdn_graphs.__path__, "gdn_graphs."):
+        if info.name.startswith(_SKIP):
+            continue
         try:
             mod = importlib.import_module(info.name)
         except ImportError:
@@ -82,7 +91,13 @@ def _compiled_kernel_accepts(value) -> bool:
     return module.startswith("triton") or getattr(value, "__triton_builtin__", False)
 
 
+_VLLM_BEFORE = "vllm" in sys.modules
 KERNELS = _kernels()
+
+
+def test_collecting_imports_no_vllm():
+    """Collecting this file must not import vLLM (see _SKIP)."""
+    assert _VLLM_BEFORE or "vllm" not in sys.modules
 
 
 def test_kernels_are_found():

@@ -196,8 +196,8 @@ def main(argv=None):
                          "vLLM's n-gram for async scheduling) or the checkpoint's MTP")
     ap.add_argument("--spec-k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--async-scheduling", choices=("default", "on", "off"), default="default",
-                    help="vLLM's async_scheduling; default: left unset (vLLM's choice; with "
-                         "speculation the plugin then turns it off)")
+                    help="vLLM's async_scheduling; default: left unset (vLLM's choice, with the "
+                         "plugin too)")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")

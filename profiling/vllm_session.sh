@@ -177,8 +177,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
     # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3
     # (ngram_gpu) and with MTP k=2, both with async scheduling on (the plugin's device-placed
-    # spec rows; unset, the plugin turns it off). spec_bf16: the plugin, then vLLM's own "align"
-    # mode, with the same
+    # spec rows). spec_bf16: the plugin, then vLLM's own "align" mode, with the same
     # speculation (SPEC_BF16, default n-gram k=3 then MTP k=2), one engine after the other
     # (reuse, acceptance, decode tok/s)
     MM=/tmp/tiny_qwen3_next_fp32_mtp

@@ -22,8 +22,7 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   ``mamba_block_size`` and ``user_specified_mamba_block_size``; it refuses
   another cache mode, a block size not a multiple of 64 and any ``prefix_match_unit``. With
   ``speculative_config`` (``check_speculative``): accepts method "ngram", "ngram_gpu" and the
-  MTP methods, sets ``scheduler_config.async_scheduling`` False where it is None (True is
-  kept, with a warning: the device-placed spec rows have not run on a GPU), refuses
+  MTP methods (async scheduling as vLLM sets it), refuses
   ``parallel_drafting``, prefix caching off and k outside [1, 63]; reads ``method``,
   ``num_speculative_tokens``; the builder reads ``scheduler_config.async_scheduling`` and then
   ``CommonAttentionMetadata.seq_lens`` (device; true where the host's are optimistic).

@@ -105,11 +105,10 @@ _OFF = "or turn the plugin off for this engine with additional_config={'gdn_grap
 
 def check_speculative(vllm_config) -> None:
     """Speculative decoding with the plugin: which settings it runs, one clear error for the rest
-    (README "With vLLM"). Async scheduling: with it the host's computed tokens of a row after a
-    step with drafts are optimistic, and the builder places the spec rows from the device's
-    (``gdn_graphs.vllm.spec_placement``). That path has passed its CPU tests but not yet a GPU
-    run, so an engine that leaves async scheduling unset gets it off (the path that has run on
-    an H200) and ``async_scheduling=True`` opts in, with a warning."""
+    (README "With vLLM"). Async scheduling is left to vLLM (it turns it on for MTP and
+    ngram_gpu where its executor can): with it the host's computed tokens of a row after a step
+    with drafts are optimistic, and the builder places the spec rows from the device's
+    (``gdn_graphs.vllm.spec_placement``; run on an H200 with ngram_gpu k=3 and MTP k=2)."""
     sc, cc = vllm_config.speculative_config, vllm_config.cache_config
     method, k = getattr(sc, "method", None), getattr(sc, "num_speculative_tokens", None)
     if method not in SPEC_METHODS:
@@ -128,16 +127,4 @@ def check_speculative(vllm_config) -> None:
                          f"cache mode 'all', whose pages hold the states after every draft); "
                          f"enable_prefix_caching=False gives one page per request. Turn prefix "
                          f"caching on, {_OFF}")
-    sched = vllm_config.scheduler_config
-    if sched.async_scheduling is None:
-        sched.async_scheduling = False
-        logger.info("gdn_graphs: async scheduling off with speculative decoding (the path that "
-                    "has run on a GPU); async_scheduling=True runs the device-placed path, which "
-                    "has passed its CPU tests only")
-    elif sched.async_scheduling:
-        logger.warning("gdn_graphs: speculative decoding with async scheduling places the spec "
-                       "rows from the device's token counts; that path has passed its CPU tests "
-                       "but not yet a GPU run (README \"With vLLM\"): pass "
-                       "async_scheduling=False %s if its tokens differ from a run without "
-                       "speculation", _OFF)
     logger.info("gdn_graphs: speculative decoding, method %r, k=%d (lookahead layout)", method, k)

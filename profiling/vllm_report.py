@@ -98,6 +98,8 @@ def check(res: dict, near_ties: list | None = None) -> list:
             runs = {k: v["runs"] for k, v in sc.items() if "runs" in v}
             if "ttft" in sc:
                 runs["ttft"] = [sc["ttft"]["cold"], sc["ttft"]["warm"]]
+            for n, e in sc.get("ttft_more", {}).items():
+                runs[f"ttft_{n}"] = [e["cold"], e["warm"]]
             fp32[name] = {k: [x["tokens"] for x in v] for k, v in runs.items()}
     for name, r in sorted(res.items()):
         problems += vllm_load.check(name, r, r["config"].get("plugin") == "on")
@@ -131,7 +133,8 @@ NEAR_TIE = 1e-3
 
 
 def _margin(r: dict, key: str, run: int, pos: int):
-    sc = r["scenarios"][key]
+    scs = r["scenarios"]
+    sc = scs[key] if key in scs else scs["ttft_more"][key.removeprefix("ttft_")]
     runs = sc["runs"] if "runs" in sc else [sc["cold"], sc["warm"]]
     m = runs[run].get("top2_margins") or []
     return round(m[pos], 5) if pos < len(m) and m[pos] is not None else None
@@ -269,6 +272,11 @@ def main(argv=None):
             cv, wv = c["ttft_s"] or c["wall_s"], w["ttft_s"] or w["wall_s"]
             row["ttft"] = {"cold_s": cv, "warm_s": wv, "warm_cached": w["num_cached_tokens"]}
             ttft = f"{cv:.3f}/{wv:.3f}"
+            for n, e in sc.get("ttft_more", {}).items():  # further --ttft-len lengths
+                c, w = e["cold"], e["warm"]
+                cv, wv = c["ttft_s"] or c["wall_s"], w["ttft_s"] or w["wall_s"]
+                row[f"ttft_{n}"] = {"cold_s": cv, "warm_s": wv, "warm_cached": w["num_cached_tokens"]}
+                ttft += f" {cv:.3f}/{wv:.3f}"
         # the engine-timestamp rate where the run has it (the wall-clock one subtracts a separate,
         # noisy 1-token run; see profiling/results/2026-11-30/SUMMARY.md)
         d = sc.get("decode", {})

@@ -17,6 +17,10 @@
 #   bash profiling/vllm_session.sh layout80      # issues 13/16: the 80B-A3B layout with 8 layers
 #                                                # (LAYERS80) on one GPU, random weights: capacity
 #                                                # and reuse, plugin and own mode side by side
+#   bash profiling/vllm_session.sh e2e80         # issue 13: the 80B-A3B layout (LAYERS80 layers,
+#                                                # random weights), plugin then own mode (on its
+#                                                # default FlashInfer prefill where staged): TTFT
+#                                                # of 16k and 32k prompts cold/warm, decode tok/s
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
 #                                                # (both with async scheduling on)
@@ -173,6 +177,15 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --ttft-len 16000 &
     done
     wait ;;
+  e2e80)  # issue 13: one engine after the other (timings); first use of each length untimed
+    M80=/tmp/qwen3_next_80b_${LAYERS80:-8}l
+    [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
+    for who in ${WHO:-plugin vllm}; do
+      p=on; [ $who = vllm ] && p=off
+      e2e e80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on \
+          --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
+          --scenarios ttft,decode --ttft-len 16000,32000 --decode-batch 64 --decode-tokens 256
+    done ;;
   spec|spec_bf16)  # issue 12. spec: three float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
     # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3

@@ -78,6 +78,17 @@ class FakeLLM:
     def __init__(self):
         self.llm_engine = FakeEngine()
         self.preempted = 0
+        self.generated = []  # prompts of generate() calls (the warm-up)
+
+    def generate(self, prompts, params, use_tqdm=False):
+        eng, done = self.llm_engine, {}
+        names = [f"g{len(self.generated) + i}" for i in range(len(prompts))]
+        for name, p in zip(names, prompts):
+            eng.add_request(name, p, params)
+        self.generated += [p["prompt_token_ids"] for p in prompts]
+        while eng.has_unfinished_requests():
+            done.update({o.request_id: o for o in eng.step() if o.finished})
+        return [done[n] for n in names]
 
     def get_metrics(self):
         self.preempted += 3
@@ -111,6 +122,28 @@ def test_run_load_on_a_stand_in_engine(load, tmp_path, monkeypatch):
     res["gdn_pages"]["held"] = 2
     res["shared_hit_fraction"] = 0.2
     assert len(load.check("x", r, plugin_on=True)) == 2
+
+
+def test_warm_up_runs_the_load_shapes_first_and_changes_no_result(load):
+    """--load-warmup: that many prompts of the load's length (every other one with a system
+    prompt of its own) and a second turn run before the clock starts; the load's prompts, hits
+    and counters are those of a run without warm-up."""
+    runs = {}
+    for n in (0, 4):
+        llm = FakeLLM()
+        runs[n] = load.run_load(llm, np.random.default_rng(0), 4096, args(load, "--load-warmup", str(n)),
+                                NS(max_tokens=4), 64)
+        if n:
+            warm = llm.generated
+            assert len(warm) == 5 and all(len(p) == 600 for p in warm[:4])
+            assert warm[0][:300] == warm[2][:300] and warm[0][:300] != warm[1][:300]
+            assert warm[4][:600] == warm[0] and len(warm[4]) == 600 + 4 + 20  # its second turn
+            load_prompts = llm.llm_engine.seen[5:]
+            assert not any(p[:64] == w[:64] for p in load_prompts for w in warm)
+    assert runs[0]["warmup_requests"] == 0 and runs[4]["warmup_requests"] == 5
+    for key in ("requests", "finished", "output_tokens", "reused_tokens", "reused_mean",
+                "preemptions", "shared_hit_fraction"):
+        assert runs[4][key] == runs[0][key], key
 
 
 def test_timeout_is_reported(load):

@@ -149,3 +149,23 @@ def test_capture_lines_are_read_from_the_log(report, tmp_path):
                                     "Capturing CUDA graphs (decode, FULL): 100%|###| 7/7\n")
     assert report.load(tmp_path)["x"]["captures"] == [("decode", "FULL"),
                                                       ("mixed prefill-decode", "PIECEWISE")]
+
+
+def test_further_ttft_lengths_are_compared_and_tabled(report, correctness, tmp_path, capsys):
+    """--ttft-len 16000,32000 keeps the lengths after the first in "ttft_more": their float32
+    tokens are compared like the first's, and the table prints their cold/warm times."""
+    import json
+
+    res = copy.deepcopy(correctness)
+    for r in res.values():
+        r["scenarios"]["ttft_more"] = {"32000": copy.deepcopy(r["scenarios"]["ttft"])}
+    assert report.check(res) == []
+    res["fp32_plugin_pc_eager"]["scenarios"]["ttft_more"]["32000"]["cold"]["tokens"][0] += 1
+    [msg] = report.check(res)
+    assert msg.startswith("fp32_plugin_pc_eager: float32 tokens of 'ttft_32000' run 0 differ")
+    for name, r in res.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    report.main([str(tmp_path), "--json", str(tmp_path / "summary.out")])
+    row = json.load(open(tmp_path / "summary.out"))["configs"]["bf16_vllm_pc_graphs"]
+    assert row["ttft_32000"] == row["ttft"]
+    assert capsys.readouterr().out.count("/") > 0

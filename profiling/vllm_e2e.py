@@ -216,6 +216,11 @@ def main(argv=None):
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
     ap.add_argument("--keep-states", default=None,
                     help="the plugin's keep_states option: all | ends | N (default: its own)")
+    ap.add_argument("--prefill", choices=("ours", "flashinfer"), default=None,
+                    help="the plugin's prefill option (default: its own, ours); flashinfer runs "
+                         "where it can (SM90, FlashInfer staged, fp32 state pool: --state-dtype)")
+    ap.add_argument("--state-dtype", default=None, choices=("auto", "float32", "bfloat16"),
+                    help="vLLM's mamba_ssm_cache_dtype (default: vLLM's, the model's dtype)")
     vllm_load.add_args(ap)
     ap.add_argument("--gdn-prefill-backend", default="default",
                     choices=("default", "auto", "triton", "flashinfer"),
@@ -247,9 +252,13 @@ def main(argv=None):
         backend = "auto" if importlib.util.find_spec("flashinfer") else "triton"
     print(f"gdn_prefill_backend requested: {backend}", flush=True)
     extra = {"gdn_prefill_backend": backend, "gdn_graphs": a.plugin == "on"}
-    if a.plugin == "on" and a.keep_states is not None:
-        keep = int(a.keep_states) if a.keep_states.isdigit() else a.keep_states
-        extra["gdn_graphs"] = {"keep_states": keep}
+    options = {}
+    if a.keep_states is not None:
+        options["keep_states"] = int(a.keep_states) if a.keep_states.isdigit() else a.keep_states
+    if a.prefill is not None:
+        options["prefill"] = a.prefill
+    if a.plugin == "on" and options:
+        extra["gdn_graphs"] = options
     kv_bytes = int(a.kv_cache_gib * 2**30) if a.kv_cache_gib else None
     if kv_bytes is None and "load" in a.scenarios.split(","):
         kv_bytes = vllm_load.load_kv_bytes(a.model, a)
@@ -267,7 +276,8 @@ def main(argv=None):
               speculative_config=speculative_config(a.spec, a.spec_k),
               **({} if a.async_scheduling == "default" else
                  {"async_scheduling": a.async_scheduling == "on"}),
-              **({"language_model_only": True} if a.language_model_only else {}))
+              **({"language_model_only": True} if a.language_model_only else {}),
+              **({"mamba_ssm_cache_dtype": a.state_dtype} if a.state_dtype else {}))
     start_s = time.perf_counter() - t0
     t_up = time.time()  # wall clock, to compare with file times
     vcfg = llm.llm_engine.vllm_config

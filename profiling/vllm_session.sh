@@ -180,9 +180,10 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
   e2e80)  # issue 13: one engine after the other (timings); first use of each length untimed
     M80=/tmp/qwen3_next_80b_${LAYERS80:-8}l
     [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
+    # (WHO="plugin_fi ...": the plugin with its FlashInfer prefill option, fp32 state pool)
     for who in ${WHO:-plugin vllm}; do
-      p=on; [ $who = vllm ] && p=off
-      e2e e80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on \
+      p=on; [ $who = vllm ] && p=off; fi=; [ $who = plugin_fi ] && fi="--prefill flashinfer --state-dtype float32"
+      e2e e80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ttft,decode --ttft-len 16000,32000 --decode-batch 64 --decode-tokens 256
     done ;;

@@ -169,3 +169,22 @@ def test_groups_reusing_the_first_groups_plan_match_planning_each(vllm_cpu, asyn
                                    slow[g]._steps.planner.planner.flat)
         n_before = n_before + rng.integers(1, 5, R)
     assert reused > 100
+
+
+@pytest.mark.vllm
+def test_scheduler_bench_compares_our_managers_with_vllms(vllm_cpu):
+    """profiling/bench_scheduler_host.py drives each mode's real scheduler through speculative
+    steps: the plugin's GDN groups on GDNSpecStateManager, own mode's on vLLM's MambaManager,
+    every running row verifying drafts in the "spec" kind, the managers' time a part of the
+    scheduler's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "profiling"))
+    import bench_scheduler_host as bench
+
+    for own, manager in ((False, "GDNSpecStateManager"), (True, "MambaManager")):
+        r = bench.run(vllm_cpu, own, "spec", rows=4, gen=80, steps=12, seed=0)
+        assert manager in r["managers_used"], r
+        assert r["steps"] > 0 and r["spec_rows"] == 4, r
+        assert 0 < r["managers"] < r["schedule"] + r["update"], r

@@ -27,7 +27,7 @@ class LookaheadSim(Sim):
 
     def __init__(self, device, k, pool_dtype=torch.float32, seed=0, num_reqs=3):
         super().__init__(device, k, pool_dtype, seed, num_reqs)
-        self.R = R = k + 2
+        self.R = R = k + 1  # the fewest columns the layout needs (vLLM's spec_lookahead)
         width = MAX_BLOCKS + R
         assert num_reqs * width <= NUM_SLOTS
         lim = PlanLimits(max_seqs=8, max_tokens=256, block_size=B, num_slots=NUM_SLOTS,
@@ -101,7 +101,19 @@ class LookaheadSim(Sim):
 
 @pytest.mark.parametrize("k, seed", [(1, 0), (3, 1), (3, 2)])
 def test_lookahead_layout_equals_accepted_tokens_one_at_a_time(k, seed):
-    sim = LookaheadSim("cpu", k, seed=seed)
+    _run_lookahead_sim("cpu", k, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k, seed", [(1, 0), (3, 1), (3, 2), (2, 3)])
+def test_gpu_lookahead_layout_equals_accepted_tokens_one_at_a_time(k, seed, gpu):
+    """The same with the compiled kernels: with R = k + 1 a full span's last state goes to the
+    slot its row read from, which the multi-token kernels must load before they store."""
+    _run_lookahead_sim(gpu, k, seed)
+
+
+def _run_lookahead_sim(device, k, seed):
+    sim = LookaheadSim(device, k, seed=seed)
     sim._check_reads()
     for _ in range(14):
         sim.step()
@@ -112,18 +124,20 @@ def test_lookahead_layout_equals_accepted_tokens_one_at_a_time(k, seed):
 
 def test_lookahead_planner_refuses_what_it_cannot_place():
     lim = dict(max_seqs=4, max_tokens=64, block_size=B, num_slots=64, max_blocks_per_seq=8)
-    with pytest.raises(ValueError, match="at least k \\+ 2 = 4"):
-        PlanLimits(**lim, max_spec_len=3, lookahead=3)
-    p = GDNPlanner(PlanLimits(**lim, max_spec_len=3, lookahead=4), "cpu")
-    with pytest.raises(ValueError, match="needs entry 6"):  # state after 131: column 2 + 1 + 3
-        p.plan([129], [2], [[0, 1, 2, 3, 4, 5]], spec=[True])
+    with pytest.raises(ValueError, match="at least k \\+ 1 = 3"):
+        PlanLimits(**lim, max_spec_len=3, lookahead=2)
+    p = GDNPlanner(PlanLimits(**lim, max_spec_len=3, lookahead=3), "cpu")
+    with pytest.raises(ValueError, match="needs entry 5"):  # state after 130: 2 + 1 + 128 % 3
+        p.plan([129], [2], [[0, 1, 2, 3, 4]], spec=[True])
     with pytest.raises(ValueError, match="entry 3, which is -1"):
         p.plan([65], [3], [[0, 1, 2, -1, 4, 5, 6, 7]], spec=[True])
     with pytest.raises(ValueError, match="more than max_spec_len=3"):
         p.plan([1], [4], [[0, 1, 2, 3, 4, 5, 6, 7]], spec=[True])
     step = p.plan([62, 5], [3, 1], [list(range(8)), list(range(8, 16))], spec=[True, True])
-    assert step.host.spec_write == ((1 + 63 % 4, 0, 1 + 1 + 65 % 4), (8 + 1 + 6 % 4,))
-    assert step.host.spec_read == (1 + 62 % 4, 8 + 1 + 5 % 4)
+    # c + 1 + (m - c) % 3: 63 -> 1, 64 -> block 0, 65 -> 2 + 64 % 3 = 3, which row 0 also reads
+    # (62 -> 1 + 62 % 3 = 3: the last state of a full span goes where its first was read from)
+    assert step.host.spec_write == ((1 + 63 % 3, 0, 1 + 1 + 64 % 3), (8 + 1 + 6 % 3,))
+    assert step.host.spec_read == (1 + 62 % 3, 8 + 1 + 5 % 3)
     assert step.num_spec_tokens == 4 and step.spec_len == 3
     assert step.spec_cu[:3].tolist() == [0, 3, 4]
 
@@ -186,3 +200,34 @@ def test_vllm_builder_refuses_a_verifying_row_after_a_long_row():
     with pytest.raises(ValueError, match="row 1 verifies drafts but comes after"):
         sb.build(np.array([0, 300, 304]), np.array([300, 104]), table, 2,
                  drafts=np.array([-1, 3]))
+
+
+@pytest.mark.parametrize("B", [64, 192, 576])
+def test_fewest_columns_keep_every_span_apart(B):
+    """With R = k + 1 columns (vLLM's spec_lookahead) the states after the k + 1 tokens of any
+    span n + 1 .. n + k + 1 land in k + 1 different columns, every non-boundary one inside the
+    private columns of a step that ends there ((N - 1) // B .. cdiv(N, B) + R - 1, N = n + k + 1);
+    the read column of n is at or after the first of them, or a block column. Without the shift
+    by the block index (column m // B + 1 + m % R) two states of a span crossing a boundary meet
+    at this R, which is why it is there."""
+    from gdn_graphs.vllm.builder import spec_lookahead
+
+    def unshifted(m, R):
+        return m // B - 1 if m % B == 0 else m // B + 1 + m % R
+
+    for k in (1, 2, 3, 7, 15, 63):
+        R = spec_lookahead(k)
+        assert R == k + 1
+        met = False
+        for n in range(0, 4 * B):
+            ms = range(n + 1, n + k + 2)
+            cols = [lookahead_column(m, B, R) for m in ms]
+            assert len(set(cols)) == k + 1, (k, n, cols)
+            N = n + k + 1
+            lo, hi = (N - 1) // B, -(-N // B) + R
+            assert all(lo <= c < hi for m, c in zip(ms, cols) if m % B), (k, n, cols, lo, hi)
+            if n:
+                rc = lookahead_column(n, B, R)
+                assert rc >= lo or n % B == 0, (k, n, rc, lo)
+            met |= len({unshifted(m, R) for m in ms}) < k + 1
+        assert met or k == 1, f"k={k}: the unshifted columns never met"

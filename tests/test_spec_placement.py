@@ -35,7 +35,7 @@ def test_gpu_device_placement_equals_host_placement_of_true_counts(k, seed, gpu)
 
 def _check_placement(k, seed, device):
     rng = np.random.default_rng(seed)
-    L, R, width, rows = k + 1, k + 2, 12 + k + 2, 4
+    L, R, width, rows = k + 1, k + 1, 12 + k + 1, 4
     p = DeviceTablePlanner(8, 512, B, None, width, null_block=0, device=device,
                            max_spec_len=L, lookahead=R)
     table = torch.arange(1, 1 + 8 * width, dtype=torch.int32, device=device).view(8, width)
@@ -81,9 +81,9 @@ def test_bad_counts_and_columns_give_no_slot_and_the_flag():
     seq = torch.tensor([3, 4, 61, 0], dtype=torch.int32)
     place_spec_rows(seq, cu, read, write, 3, stride=100, width=8, block_size=B, lookahead=R,
                     error_flag=flag)
-    assert read[:3].tolist() == [NO_SLOT, NO_SLOT, 100 * 2 + 0 + 1 + 60 % R]
+    assert read[:3].tolist() == [NO_SLOT, NO_SLOT, 100 * 2 + 0 + 1 + (60 - 0) % R]
     assert (write[0] == NO_SLOT).all()
-    assert write[1].tolist() == [100 + 0 + 1 + m % R for m in range(1, 5)]
+    assert write[1].tolist() == [100 + 0 + 1 + (m - 0) % R for m in range(1, 5)]
     # the state after 61 tokens: column 0 + 1 + 61 % 5 = 2, then nothing
     assert write[2].tolist() == [200 + 2, NO_SLOT, NO_SLOT, NO_SLOT]
     assert int(flag[0]) == ERR_TOKENS
@@ -92,8 +92,9 @@ def test_bad_counts_and_columns_give_no_slot_and_the_flag():
     seq = torch.tensor([4 + 62, 4, 1, 0], dtype=torch.int32)  # row 0 at 62: 63, 64, 65, 66
     place_spec_rows(seq, cu, read, write, 1, stride=100, width=3, block_size=B, lookahead=R,
                     error_flag=flag)
-    # 62 -> column 0 + 1 + 2 = 3 >= width 3: NO_SLOT; 63 -> 4 (out), 64 -> block 0, 65 -> 2, 66 -> 3
-    assert int(read[0]) == NO_SLOT and write[0].tolist() == [NO_SLOT, 0, 2, NO_SLOT]
+    # 62 -> column 0 + 1 + 62 % 5 = 3 >= width 3: NO_SLOT; 63 -> 4 (out), 64 -> block 0,
+    # 65 -> 1 + 1 + 64 % 5 = 6 (out), 66 -> 2 + 65 % 5 = 2 (c = 1: the residue of m - c)
+    assert int(read[0]) == NO_SLOT and write[0].tolist() == [NO_SLOT, 0, NO_SLOT, 2]
     assert int(flag[0]) == ERR_META
 
 
@@ -106,8 +107,8 @@ def test_bad_arguments_raise_before_a_launch():
         place_spec_rows(seq.long(), cu, read, write, 1, 10, 10, B, 5)
     with pytest.raises(ValueError, match="rows=5 exceeds"):
         place_spec_rows(seq, cu, read, write, 5, 10, 10, B, 5)
-    with pytest.raises(ValueError, match="lookahead 4 must be at least"):
-        place_spec_rows(seq, cu, read, write, 1, 10, 10, B, 4)
+    with pytest.raises(ValueError, match="lookahead 3 must be at least"):
+        place_spec_rows(seq, cu, read, write, 1, 10, 10, B, 3)
     p = DeviceTablePlanner(4, 64, B, None, 10, device="cpu", max_spec_len=4, lookahead=5)
     table = torch.zeros(4, 10, dtype=torch.int32)
     with pytest.raises(ValueError, match="device_seq_lens must be an int32"):

@@ -126,7 +126,7 @@ def test_groups_reusing_the_first_groups_plan_match_planning_each(vllm_cpu, asyn
                          speculative_config={"method": "ngram", "num_speculative_tokens": k,
                                              "prompt_lookup_max": 4, "prompt_lookup_min": 2})
     spec = MambaSpec(shapes=((3 + k, 1024), (8, 64, 64)), dtypes=(torch.float32, torch.float32),
-                     block_size=192, mamba_cache_mode="all", num_speculative_blocks=k + 2)
+                     block_size=192, mamba_cache_mode="all", num_speculative_blocks=k + 1)
     fast, slow = _builders(cfg, spec, True), _builders(cfg, spec, False)
     assert fast[0]._steps.planner is fast[2]._steps.planner
     for b in fast + slow:

@@ -89,9 +89,9 @@ class PlanLimits:
         if not _is_int(v) or not 0 <= v <= self.block_size:
             raise ValueError(f"PlanLimits.max_spec_len must be an int in [0, block_size], got {v!r}")
         R = self.lookahead
-        if not _is_int(R) or (R and (not v or R < v + 1)):
+        if not _is_int(R) or (R and (not v or R < v)):
             raise ValueError(f"PlanLimits.lookahead must be 0 or, with max_spec_len = 1 + k > 0, "
-                             f"at least k + 2 = {v + 1}, got {R!r}")
+                             f"at least k + 1 = {v}, got {R!r}")
 
     @property
     def max_chunks(self) -> int:

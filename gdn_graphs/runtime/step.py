@@ -39,11 +39,14 @@ its own: its last token's entry above is its final state.
 Lookahead layout (vLLM with speculative decoding; README "Conventions"). An engine that cannot
 give a request a ring outside its block table (vLLM: a request's pages are its table's columns,
 appended in order) and cannot tell the host how many drafts the previous step accepted keeps
-R >= k + 2 private columns ahead of the current block instead, and places the state after m
-tokens by m alone, for every row kind:
+R >= k + 1 private columns ahead of the current block instead, and places the state after m
+tokens by m alone, for every row kind (c = m // B, the block holding token m):
 
-    state after m tokens    table[m // B - 1]                 when m % B == 0 (block slot)
-                            table[m // B + 1 + m % R]         otherwise (``lookahead_column``)
+    state after m tokens    table[c - 1]                      when m % B == 0 (block slot)
+                            table[c + 1 + (m - c) % R]        otherwise (``lookahead_column``)
+
+(the residue shifts by one per block, so that the k + 1 positions of a span that crosses a
+boundary never meet in one column: README "Conventions").
 
 Every row reads the state after n from there and stores its final state there; a spec row also
 stores the state after each of its tokens there; prefill checkpoints stay ``table[p // B - 1]``.
@@ -87,7 +90,8 @@ def lookahead_column(m: int, B: int, R: int) -> int:
     """Block-table column of the state after ``m`` >= 1 tokens in the lookahead layout (module
     docstring): a boundary state in its block's column, any other in one of the R columns after
     the block holding token m - 1."""
-    return m // B - 1 if m % B == 0 else m // B + 1 + m % R
+    c = m // B
+    return c - 1 if m % B == 0 else c + 1 + (m - c) % R
 
 
 def classify_rows(num_scheduled: Sequence[int], spec: Optional[Sequence[bool]] = None,
@@ -189,9 +193,10 @@ def lookahead_spec_rows(ns: Sequence[int], qs: Sequence[int], tables: np.ndarray
     n, q = np.asarray(ns, dtype=np.int64), np.asarray(qs, dtype=np.int64)
     m = n[:, None] + np.arange(1, int(q.max()) + 1)  # [rows, Q]: the states after m tokens
     live = m <= (n + q)[:, None]
-    cols = np.where(live, np.where(m % B == 0, m // B - 1, m // B + 1 + m % R), 0)
+    c, cn = m // B, n // B
+    cols = np.where(live, np.where(m % B == 0, c - 1, c + 1 + (m - c) % R), 0)
     has_read = n > 0
-    rcol = np.where(has_read, np.where(n % B == 0, n // B - 1, n // B + 1 + n % R), 0)
+    rcol = np.where(has_read, np.where(n % B == 0, cn - 1, cn + 1 + (n - cn) % R), 0)
     if (cols >= tables.shape[1]).any() or (rcol >= tables.shape[1]).any():
         return None
     rows = np.arange(len(n))

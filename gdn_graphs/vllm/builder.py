@@ -26,8 +26,8 @@ __all__ = ["GDNResources", "StepBuilder", "spec_lookahead"]
 
 def spec_lookahead(k: int) -> int:
     """R, the private columns ahead of a request's current block that speculative decoding with
-    k drafts needs (k + 2: README "Conventions", the lookahead layout)."""
-    return k + 2
+    k drafts needs (k + 1: README "Conventions", the lookahead layout)."""
+    return k + 1
 
 _log = logging.getLogger("vllm.gdn_graphs")
 # prefill rows a FlashInfer step takes (its initial/final states: 2 MiB each at HV 32): a step
@@ -41,7 +41,7 @@ class GDNResources:
 
     max_reqs: rows of a step (a CUDA-graph bucket may pad a decode batch past max_num_seqs);
     max_tokens: tokens of a step; num_spec_tokens: k of speculative decoding (0: off), whose rows
-    of up to 1 + k tokens use the lookahead layout with ``lookahead`` = k + 2 columns
+    of up to 1 + k tokens use the lookahead layout with ``lookahead`` = k + 1 columns
     (gdn_graphs.runtime.step; README "Conventions").
     """
 

@@ -34,7 +34,8 @@ _NO_SLOT = tl.constexpr(NO_SLOT)
 @triton.jit
 def _lookahead_col(m, B, R):
     """gdn_graphs.runtime.step.lookahead_column: the column of the state after m >= 1 tokens."""
-    return tl.where(m % B == 0, m // B - 1, m // B + 1 + m % R)
+    c = m // B
+    return tl.where(m % B == 0, c - 1, c + 1 + (m - c) % R)
 
 
 # the ints are not specialised on (Triton would compile again for a stride, width or block size
@@ -102,9 +103,9 @@ def place_spec_rows(seq_lens: torch.Tensor, spec_cu: torch.Tensor, spec_read: to
                             spec_cu.shape[0] - 1):
         raise ValueError(f"rows={rows} exceeds the tensors (seq_lens {seq_lens.shape[0]}, "
                          f"spec_read {spec_read.shape[0]}, spec_cu {spec_cu.shape[0]})")
-    if lookahead < spec_write.shape[1] + 1 or block_size < 1:
-        raise ValueError(f"lookahead {lookahead} must be at least L + 1 = "
-                         f"{spec_write.shape[1] + 1} (block size {block_size})")
+    if lookahead < spec_write.shape[1] or block_size < 1:
+        raise ValueError(f"lookahead {lookahead} must be at least L = 1 + k = "
+                         f"{spec_write.shape[1]} (block size {block_size})")
     if error_flag is not None and (error_flag.dtype != torch.int32 or error_flag.device != dev):
         raise ValueError("error_flag must be an int32 tensor on the same device")
     if rows:

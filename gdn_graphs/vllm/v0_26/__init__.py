@@ -75,8 +75,8 @@ What it reads or overrides:
   (``_init_reorder_batch_threshold``, with speculation: rows of up to 1 + k tokens first;
   ``get_cudagraph_support``: ``UNIFORM_BATCH`` with speculation, else
   ``UNIFORM_SINGLE_TOKEN_DECODE``). With speculation, ``GDNSpecStateSpec`` (``num_speculative_blocks``
-  = k + 2) and ``GDNSpecStateManager`` are registered like the plain pair; ``MambaSpec``'s
-  ``max_num_blocks_per_req`` then gives the block table k + 2 more columns.
+  = k + 1) and ``GDNSpecStateManager`` are registered like the plain pair; ``MambaSpec``'s
+  ``max_num_blocks_per_req`` then gives the block table k + 1 more columns.
 * ``CommonAttentionMetadata``: ``query_start_loc_cpu``, the private ``_seq_lens_cpu`` (else
   ``seq_lens_cpu_upper_bound``), ``block_table_tensor``, ``num_reqs``, ``num_actual_tokens``;
   ``NULL_BLOCK_ID``.

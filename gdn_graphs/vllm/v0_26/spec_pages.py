@@ -1,7 +1,7 @@
 """vLLM 0.26: the GDN pages of mode "all" with speculative decoding (the lookahead layout).
 
 With k drafts per step a request's state after m tokens lives, by m alone, in its block table's
-column m // B - 1 at a block boundary and in one of the R = k + 2 columns after the block holding
+column m // B - 1 at a block boundary and in one of the R = k + 1 columns after the block holding
 token m - 1 otherwise (``gdn_graphs.runtime.step.lookahead_column``; README "Conventions"). So
 every column from the block of a step's last token to R columns past it must hold a private
 page: ``GDNSpecStateManager`` gives a request those pages (R + 1 per GDN group: the spec counts
@@ -26,7 +26,7 @@ __all__ = ["GDNSpecStateSpec", "GDNSpecStateManager", "spec_state_spec"]
 
 @dataclass(frozen=True)
 class GDNSpecStateSpec(GDNStateSpec):
-    """GDNStateSpec with ``num_speculative_blocks`` = R, the lookahead columns (k + 2)."""
+    """GDNStateSpec with ``num_speculative_blocks`` = R, the lookahead columns (k + 1)."""
 
 
 def spec_state_spec(spec: GDNStateSpec, num_spec_tokens: int) -> GDNSpecStateSpec:

@@ -142,3 +142,34 @@ def test_plugin_off_or_no_prefix_caching_keeps_vllms_spec(vllm_dist):
     for extra, caching in (({"gdn_graphs": False}, True), ({}, False)):
         cfg, spec = gdn_spec(vllm_dist, extra, caching=caching)
         assert type(spec) is MambaSpec and spec.mamba_cache_mode == ("align" if caching else "none")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("k", [2, 3])
+def test_capacity_with_speculation_within_5_percent_of_align(vllm_dist, k, capsys):
+    """With speculative decoding a request holds k + 2 private pages per GDN group (the
+    lookahead layout's R = k + 1 columns and its current block; README "Conventions"), vLLM's
+    "align" 2 + k: the capacity vLLM logs is within 5% of align's. With the k + 3 of the
+    layout before (R = k + 2) it was 0.943x in bf16 Qwen3.5 MTP on an H200, outside."""
+    from dataclasses import replace
+
+    from gdn_graphs.vllm.v0_26.spec_pages import GDNSpecStateSpec
+
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2}
+    ours = gdn_spec(vllm_dist, {}, speculative_config=spec)
+    align = gdn_spec(vllm_dist, {"gdn_graphs": False}, speculative_config=spec)
+    assert type(ours[1]) is GDNSpecStateSpec and ours[1].num_speculative_blocks == k + 1
+    assert align[1].num_speculative_blocks == k
+    assert ours[1].max_memory_usage_bytes(ours[0]) == (k + 2) * ours[1].page_size_bytes
+    assert (align[1].max_memory_usage_bytes(align[0])
+            == (2 + k) * align[1].page_size_bytes)
+    got = {name: capacity(cfg, s, ISSUE_MEMORY) for name, (cfg, s) in
+           (("ours", ours), ("align", align),
+            ("ours_k3", (ours[0], replace(ours[1], num_speculative_blocks=k + 2))))}
+    with capsys.disabled():
+        print(f"\nk={k}: capacity at 41.3 GiB (tokens, concurrency):",
+              {n: (t, round(c, 2)) for n, (t, c) in got.items()})
+    for i in (0, 1):
+        assert abs(got["ours"][i] / got["align"][i] - 1) < 0.05
+    assert got["ours_k3"][0] < got["ours"][0]

@@ -23,6 +23,10 @@ CAPACITY = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 # vLLM's capture progress bars, e.g. "Capturing CUDA graphs (decode, FULL)"
 CAPTURE = re.compile(r"Capturing CUDA graphs \(([\w -]+), (\w+)\)")
+# vLLM's JIT monitor: a kernel compiled while serving ("Triton kernel" or "CuTeDSL"), e.g.
+# FlashInfer's GDN prefill in vLLM's own mode, seen inside timed scenarios on 2026-12-01
+JIT = re.compile(r"(\d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] (\w+)(?: kernel)? JIT compilation "
+                 r"during inference: (\w+)")
 
 
 def first_diff(a, b):
@@ -173,6 +177,7 @@ def load(d) -> dict:
     for name, r in res.items():
         text = _read(Path(d) / f"{name}.log")
         r["captures"] = sorted(set(CAPTURE.findall(text)))
+        r["jit_during_inference"] = [list(m) for m in JIT.findall(text)]
         m, c = CAPACITY.search(text), CONCURRENCY.search(text)
         if m and c:
             r["capacity"] = {"tokens": int(m.group(1).replace(",", "")),
@@ -228,6 +233,19 @@ def print_spec(res: dict, summary: dict) -> None:
               f"{toks}, accepted {acc} (per position {row['spec']['accepted_per_pos']}); chat "
               f"reuse {row.get('chat', {}).get('got')} of {row.get('chat', {}).get('expected')}; "
               f"captures {r.get('captures')}")
+
+
+def print_jit(res: dict, summary: dict) -> None:
+    """Kernels vLLM's JIT monitor saw compile while serving, other than Triton's (those are in
+    triton_compiles_after_start, with times): a timed scenario that held one is not a clean
+    figure (FlashInfer's CuTe-DSL prefill compiles on first use, 8-17 s)."""
+    for name, r in res.items():
+        other = [(t, kind, k) for t, kind, k in r.get("jit_during_inference", []) if kind != "Triton"]
+        summary["configs"][name]["jit_during_inference"] = r.get("jit_during_inference", [])
+        if other:
+            print(f"{name}: compiled while serving (not Triton): "
+                  + ", ".join(f"{k} ({kind}, {t})" for t, kind, k in other)
+                  + ": the scenario running then is not a clean timing")
 
 
 def main(argv=None):
@@ -324,6 +342,7 @@ def main(argv=None):
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     print_load_and_capacity(res, summary)
     print_spec(res, summary)
+    print_jit(res, summary)
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=1))
     if a.check:

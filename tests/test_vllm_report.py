@@ -169,3 +169,17 @@ def test_further_ttft_lengths_are_compared_and_tabled(report, correctness, tmp_p
     row = json.load(open(tmp_path / "summary.out"))["configs"]["bf16_vllm_pc_graphs"]
     assert row["ttft_32000"] == row["ttft"]
     assert capsys.readouterr().out.count("/") > 0
+
+
+def test_non_triton_compiles_while_serving_are_flagged(report, capsys):
+    """vLLM's JIT monitor lines are read from each engine's log: the recorded H200 load run on
+    the 80B-A3B layout, where own mode compiled FlashInfer's CuTe-DSL prefill inside the timed
+    load, is flagged; the plugin's engine, which compiled only Triton kernels, is not."""
+    res = report.load(RESULTS / "2026-12-01" / "s10_load80")
+    assert ["19:58:36", "CuTeDSL", "_FullyFusedDeltaRuleSm90"] in res["load80_vllm"]["jit_during_inference"]
+    assert {k for _, k, _ in res["load80_plugin"]["jit_during_inference"]} == {"Triton"}
+    summary = {"configs": {n: {} for n in res}}
+    report.print_jit(res, summary)
+    out = capsys.readouterr().out
+    assert "load80_vllm: compiled while serving (not Triton): _FullyFusedDeltaRuleSm90" in out
+    assert "load80_plugin" not in out

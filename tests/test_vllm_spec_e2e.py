@@ -34,7 +34,14 @@ def test_speculative_engines_reuse_whole_blocks_and_agree(gpu, tmp_path):
     res, report = run_vllm_engines(tmp_path, model,
                                    {name: [*common, *spec] for name, spec in CONFIGS.items()})
     assert set(res) == set(CONFIGS)
-    assert report.check(res) == []
+    # a token difference where the top-2 logits are within vllm_report.NEAR_TIE is reported,
+    # not failed (issue 12: "any difference reported with its position and the top-2 logit
+    # margin there"): verification sums attention over 1 + k queries in another order than plain
+    # decode. Seen on an H200: chat run 0, position 110, margins 4e-5 / 6e-5. Anything else fails.
+    near_ties = []
+    assert report.check(res, near_ties) == []
+    for line in near_ties:
+        print("near-tie token difference (not a failure):", line)
     # unset, vLLM turns async scheduling on for MTP on a GPU, with the plugin as without it
     assert res["fp32_plugin_mtp2"]["async_scheduling"] is True
     assert res["fp32_plugin_mtp2_sync"]["async_scheduling"] is False

@@ -24,7 +24,7 @@ Scenarios:
           longer than two steps' token budget, aborted after its first step), one aborted
           mid-decode (after 3 tokens), two that run on; the survivors' tokens must equal what
           each generates alone
-  (--spec ngram|mtp --spec-k K: speculative decoding; the JSON then holds vLLM's spec-decode
+  (--spec ngram|ngram_gpu|mtp|eagle3 --spec-k K [--spec-model DIR]: speculative decoding; the JSON then holds vLLM's spec-decode
   counters after each scenario, ``spec_stats_after``)
   load    requests arriving over time into a KV cache sized for a few of them, half sharing a
           system prompt, some with a second turn (profiling/vllm_load.py; --load-* flags):
@@ -129,12 +129,16 @@ def spec_stats(llm) -> dict | None:
     return out
 
 
-def speculative_config(method: str, k: int) -> dict | None:
+def speculative_config(method: str, k: int, model: str | None = None) -> dict | None:
     if method == "none":
         return None
     if method in ("ngram", "ngram_gpu"):  # ngram_gpu: the n-gram vLLM runs async scheduling with
         return {"method": method, "num_speculative_tokens": k, "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2}
+    if method == "eagle3":  # a separate draft head (tools/tiny_model.py --eagle3-for)
+        if not model:
+            raise SystemExit("--spec eagle3 needs --spec-model (the draft head's directory)")
+        return {"method": "eagle3", "model": model, "num_speculative_tokens": k}
     return {"method": "mtp", "num_speculative_tokens": k}
 
 
@@ -204,9 +208,12 @@ def main(argv=None):
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--chat-len", type=int, default=1000)
     ap.add_argument("--chat-gen", type=int, default=400)
-    ap.add_argument("--spec", choices=("none", "ngram", "ngram_gpu", "mtp"), default="none",
+    ap.add_argument("--spec", choices=("none", "ngram", "ngram_gpu", "mtp", "eagle3"),
+                    default="none",
                     help="speculative decoding: n-gram (prompt lookup; ngram_gpu: on the device, "
-                         "vLLM's n-gram for async scheduling) or the checkpoint's MTP")
+                         "vLLM's n-gram for async scheduling), the checkpoint's MTP or an EAGLE-3 "
+                         "head (--spec-model)")
+    ap.add_argument("--spec-model", default=None, help="--spec eagle3: the draft head's directory")
     ap.add_argument("--spec-k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--async-scheduling", choices=("default", "on", "off"), default="default",
                     help="vLLM's async_scheduling; default: left unset (vLLM's choice, with the "
@@ -273,7 +280,7 @@ def main(argv=None):
               disable_log_stats=False,
               kv_cache_memory_bytes=kv_bytes,
               compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64]},
-              speculative_config=speculative_config(a.spec, a.spec_k),
+              speculative_config=speculative_config(a.spec, a.spec_k, a.spec_model),
               **({} if a.async_scheduling == "default" else
                  {"async_scheduling": a.async_scheduling == "on"}),
               **({"language_model_only": True} if a.language_model_only else {}),
@@ -321,7 +328,7 @@ def main(argv=None):
 
     # with an EAGLE / MTP drafter vLLM drops the last matched block of every hit (its
     # ``drop_eagle_block``: the drafter needs that block's hidden states), in its own mode too
-    drop = 1 if a.spec == "mtp" else 0
+    drop = 1 if a.spec in ("mtp", "eagle3") else 0
 
     def whole_blocks(n_shared, prompt_len):
         # vLLM never reuses the last prompt token: at most prompt_len - 1 tokens are cacheable

@@ -23,8 +23,9 @@
 #                                                # of 16k and 32k prompts cold/warm, decode tok/s
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
-#                                                # (both with async scheduling on)
-#   bash profiling/vllm_session.sh spec_bf16     # bf16 plugin ngram, then vLLM's own mode ngram
+#                                                # (both with async scheduling on) / EAGLE-3 k=3
+#   bash profiling/vllm_session.sh spec_bf16     # bf16 plugin, then vLLM's own mode, per method
+#                                                # (SPEC_BF16="ngram3 mtp2 eagle3_3")
 #   bash profiling/vllm_session.sh spec_qwen3_5  # issue 12: tiny Qwen3.5 dense with MTP k=2
 #
 # Results: $OUT/vllm_<target>/*.json, logs, summary.json, packed into $OUT/vllm_<target>.tgz.
@@ -187,12 +188,13 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ttft,decode --ttft-len 16000,32000 --decode-batch 64 --decode-tokens 256
     done ;;
-  spec|spec_bf16)  # issue 12. spec: three float32 engines side by side (tokens and reuse only):
+  spec|spec_bf16)  # issue 12. spec: four float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
     # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3
     # (ngram_gpu) and with MTP k=2, both with async scheduling on (the plugin's device-placed
-    # spec rows). spec_bf16: the plugin, then vLLM's own "align" mode, with the same
-    # speculation (SPEC_BF16, default n-gram k=3 then MTP k=2), one engine after the other
+    # spec rows), and with a tiny random EAGLE-3 head (tools/tiny_model.py --eagle3-for), k=3.
+    # spec_bf16: the plugin, then vLLM's own "align" mode, with the same speculation (SPEC_BF16,
+    # default n-gram k=3 then MTP k=2; eagle3_3: EAGLE-3 k=3), one engine after the other
     # (reuse, acceptance, decode tok/s)
     MM=/tmp/tiny_qwen3_next_fp32_mtp
     [ -d $MM ] || python3 -m tools.tiny_model $MM --dtype float32 --mtp > /dev/null 2>&1
@@ -200,7 +202,11 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     sc="$sc --chat-len 1000 --chat-gen 400 --decode-batch 16 --decode-tokens 256"
     kv="--kv-cache-gib ${SPEC_GIB:-3} --max-model-len 8192 --prefix-caching on --graphs on $sc"
     if [ $target = spec ]; then
+      E3=/tmp/tiny_eagle3_fp32  # an EAGLE-3 head for MM (tools/tiny_model.py --eagle3-for)
+      [ -d $E3 ] || python3 -m tools.tiny_model $E3 --eagle3-for $MM > /dev/null 2>&1
       e2e fp32_plugin_nospec  $MM --dtype float32 --plugin on $kv &
+      e2e fp32_plugin_eagle3  $MM --dtype float32 --plugin on --spec eagle3 --spec-k 3 \
+          --spec-model $E3 $kv &
       # async scheduling on (the JSON's async_scheduling says what ran)
       e2e fp32_plugin_ngram3  $MM --dtype float32 --plugin on --spec ngram_gpu --spec-k 3 \
           --async-scheduling on $kv &
@@ -210,11 +216,18 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     else
       MB=/tmp/tiny_qwen3_next_bf16_mtp
       [ -d $MB ] || python3 -m tools.tiny_model $MB --dtype bfloat16 --mtp > /dev/null 2>&1
-      for m in ${SPEC_BF16:-ngram3 mtp2}; do  # method + k; the same model for both engines
+      for m in ${SPEC_BF16:-ngram3 mtp2}; do  # method + k (eagle3_3: method_k); one model
         meth=${m%%[0-9]*}; k=${m#$meth}; mod=$M16; [ $meth = mtp ] && mod=$MB
+        extra=
+        case $m in *_*) meth=${m%_*}; k=${m##*_} ;; esac
+        if [ $meth = eagle3 ]; then
+          EB=/tmp/tiny_eagle3_bf16
+          [ -d $EB ] || python3 -m tools.tiny_model $EB --eagle3-for $M16 > /dev/null 2>&1
+          extra="--spec-model $EB"
+        fi
         for who in ${WHO:-plugin vllm}; do
           p=on; [ $who = vllm ] && p=off
-          e2e bf16_${who}_$m $mod --dtype bfloat16 --plugin $p --spec $meth --spec-k $k $kv
+          e2e bf16_${who}_$m $mod --dtype bfloat16 --plugin $p --spec $meth --spec-k $k $extra $kv
         done
       done
     fi ;;

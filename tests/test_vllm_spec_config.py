@@ -1,6 +1,7 @@
 """Speculative decoding with the plugin: which configurations it accepts (and what it sets),
 the one error for each it refuses, the MTP draft model built in an engine in mode "all", and
-``tools/tiny_model.py --mtp`` loading through vLLM's own Qwen3NextMTP weight names."""
+``tools/tiny_model.py --mtp`` / ``--eagle3-for`` loading through vLLM's own Qwen3NextMTP and
+Eagle3LlamaForCausalLM weight names."""
 
 import dataclasses
 from types import SimpleNamespace as NS
@@ -20,6 +21,17 @@ def tiny_mtp(tmp_path_factory):
 
     return str(make_tiny_qwen3_next(tmp_path_factory.mktemp("mtp") / "qwen3_next_mtp",
                                     dtype="float32", mtp=True))
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle3(vllm_cpu, tmp_path_factory):
+    from tools.tiny_model import make_tiny_eagle3_head
+
+    return str(make_tiny_eagle3_head(tmp_path_factory.mktemp("eagle3") / "head", vllm_cpu))
+
+
+def _eagle3(head, k=3):
+    return {"method": "eagle3", "model": head, "num_speculative_tokens": k}
 
 
 @pytest.mark.vllm
@@ -58,6 +70,23 @@ def test_mtp_is_accepted(vllm_cpu, tiny_mtp):
     off = _engine_config(tiny_mtp, enable_prefix_caching=True, max_model_len=4096,
                          speculative_config={"method": "mtp", "num_speculative_tokens": 2},
                          additional_config={"gdn_graphs": False})
+    assert cfg.scheduler_config.async_scheduling is off.scheduler_config.async_scheduling
+
+
+@pytest.mark.vllm
+def test_eagle3_is_accepted(vllm_cpu, tiny_eagle3):
+    """An EAGLE-3 head on the target's auxiliary hidden states: mode "all", the lookahead pages'
+    k, vLLM's EAGLE handling (use_eagle: the last matched block dropped, as with MTP), and the
+    same async choice with the plugin on as off."""
+    kw = dict(enable_prefix_caching=True, max_model_len=4096, speculative_config=_eagle3(tiny_eagle3))
+    cfg = _engine_config(vllm_cpu, **kw)
+    sc = cfg.speculative_config
+    assert (sc.method, sc.num_speculative_tokens) == ("eagle3", 3)
+    assert sc.use_eagle()
+    assert sc.draft_model_config.hf_config.architectures == ["LlamaForCausalLMEagle3"]
+    assert cfg.cache_config.mamba_cache_mode == "all"
+    off = _engine_config(vllm_cpu, **kw, additional_config={"gdn_graphs": False})
+    assert off.cache_config.mamba_cache_mode == "align"
     assert cfg.scheduler_config.async_scheduling is off.scheduler_config.async_scheduling
 
 
@@ -119,7 +148,7 @@ def test_refusal_messages_name_the_fix(vllm_cpu):
         ok.scheduler_config.async_scheduling = async_scheduling
         check_speculative(ok)
         assert ok.scheduler_config.async_scheduling is async_scheduling
-    for method in ("ngram_gpu", "mtp", "qwen3_next_mtp", "qwen3_5_mtp"):
+    for method in ("ngram_gpu", "eagle3", "mtp", "qwen3_next_mtp", "qwen3_5_mtp"):
         check_speculative(cfg(method=method))
     with pytest.raises(ValueError, match="parallel_drafting"):
         check_speculative(cfg(parallel_drafting=True))
@@ -179,3 +208,56 @@ def test_tiny_mtp_checkpoint_loads_into_vllms_qwen3_next_mtp(vllm_cpu, tiny_mtp,
         assert torch.equal(w13[e], gate_up), e
     for norm in ("norm", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
         assert torch.equal(params[f"model.{norm}.weight"], src[f"{norm}.weight"])
+
+
+@pytest.mark.vllm
+def test_tiny_eagle3_head_loads_into_vllms_eagle3_llama(vllm_cpu, tiny_eagle3, monkeypatch):
+    """vLLM's Eagle3LlamaForCausalLM, built for the tiny target, takes every tensor of the head
+    written by ``tools/tiny_model.py --eagle3-for`` (no embed_tokens: vLLM shares the
+    target's), each equal to its source: the fc over three target hidden states, the first
+    layer's q/k/v over the 2 * hidden concatenation, the MLP, norms and lm_head."""
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+    from vllm.model_executor.layers import activation
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    monkeypatch.setattr(activation.SiluAndMul, "__init__", lambda self, *a, **k:
+                        torch.nn.Module.__init__(self))
+    cfg = _engine_config(vllm_cpu, enable_prefix_caching=True, max_model_len=4096,
+                         speculative_config=_eagle3(tiny_eagle3))
+    dm = cfg.speculative_config.draft_model_config
+    with set_current_vllm_config(cfg):
+        if not torch.distributed.is_initialized():
+            ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                            distributed_init_method="tcp://127.0.0.1:29537")
+        ps.ensure_model_parallel_initialized(1, 1)
+        cls, _ = ModelRegistry.resolve_model_cls(dm.architectures, dm)
+        assert cls.__name__ == "Eagle3LlamaForCausalLM"
+        model = cls(vllm_config=cfg)
+        src = load_file(f"{tiny_eagle3}/model.safetensors")
+        model.load_weights(iter(src.items()))
+    params = dict(model.named_parameters())
+    H = cfg.model_config.hf_config.hidden_size
+    assert params["model.fc.weight"].shape == (H, 3 * H)
+    assert torch.equal(params["model.fc.weight"], src["fc.weight"])
+    assert torch.equal(params["lm_head.weight"], src["lm_head.weight"])
+    assert torch.equal(params["model.norm.weight"], src["norm.weight"])
+    m, layer = "midlayer.", "model.layers.0."
+    qkv = torch.cat([src[f"{m}self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert qkv.shape[1] == 2 * H
+    assert torch.equal(params[f"{layer}self_attn.qkv_proj.weight"], qkv)
+    assert torch.equal(params[f"{layer}self_attn.o_proj.weight"], src[f"{m}self_attn.o_proj.weight"])
+    gate_up = torch.cat([src[f"{m}mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(params[f"{layer}mlp.gate_up_proj.weight"], gate_up)
+    assert torch.equal(params[f"{layer}mlp.down_proj.weight"], src[f"{m}mlp.down_proj.weight"])
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        assert torch.equal(params[f"{layer}{norm}.weight"], src[f"{m}{norm}.weight"])
+    assert torch.equal(params["draft_id_to_target_id"], src["d2t"])
+    # every parameter but the embedding vLLM shares from the target came from the head
+    named = {"model.fc.weight", "lm_head.weight", "model.norm.weight", "draft_id_to_target_id",
+             f"{layer}self_attn.qkv_proj.weight", f"{layer}self_attn.o_proj.weight",
+             f"{layer}mlp.gate_up_proj.weight", f"{layer}mlp.down_proj.weight",
+             *(f"{layer}{n}.weight" for n in ("input_layernorm", "hidden_norm",
+                                              "post_attention_layernorm"))}
+    assert set(params) - named == {"model.embed_tokens.weight"}, sorted(set(params) - named)

@@ -11,6 +11,14 @@ Qwen3.5 gets the same text layout (experts only in its MoE variant) and a one-bl
 ``mtp.norm`` and ``mtp.layers.0.*``, a full-attention MoE decoder layer laid out as the model's
 own (vLLM maps ``mtp.`` to its draft model's ``model.`` and shares ``embed_tokens`` and
 ``lm_head`` with the target).
+
+``--eagle3-for TARGET`` writes a tiny EAGLE-3 draft head for the checkpoint at TARGET instead
+(vLLM speculative method ``eagle3``, ``speculative_config={"method": "eagle3", "model": PATH}``):
+a one-layer Llama head with random weights under the names vLLM's ``Eagle3LlamaForCausalLM``
+loads (``midlayer.*`` with q/k/v taking the 2 * hidden concatenation of embedding and hidden
+state, ``fc`` [hidden, 3 * hidden] over the target's three auxiliary hidden states, ``norm``,
+``lm_head``, ``d2t`` zeros (the draft vocabulary is the target's); no ``embed_tokens``: vLLM
+shares the target's), sized after TARGET's config.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ import json
 from pathlib import Path
 
 __all__ = ["tiny_config", "full_size_config", "make_tiny_qwen3_next", "write_full_size_config",
-           "tiny_qwen3_5_config", "write_tiny_qwen3_5_config", "mtp_weights"]
+           "tiny_qwen3_5_config", "write_tiny_qwen3_5_config", "mtp_weights",
+           "make_tiny_eagle3_head"]
 
 _TEXT = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
              layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
@@ -142,6 +151,54 @@ def mtp_weights(state: dict, cfg, seed: int = 0) -> dict:
     return out
 
 
+def make_tiny_eagle3_head(path: str | Path, target: str | Path, dtype: str | None = None,
+                          seed: int = 0) -> Path:
+    """Write an EAGLE-3 draft head for the checkpoint at ``target`` to ``path`` (module
+    docstring): config.json and model.safetensors. ``dtype`` defaults to the target's."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, LlamaConfig
+
+    tc = AutoConfig.from_pretrained(str(target))
+    tc = tc.get_text_config() if hasattr(tc, "get_text_config") else tc
+    dtype = dtype or str(getattr(tc, "dtype", None) or getattr(tc, "torch_dtype", None) or "bfloat16")
+    dtype = dtype.replace("torch.", "")
+    H, V = tc.hidden_size, tc.vocab_size
+    nh, nkv, hd = tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim
+    cfg = LlamaConfig(hidden_size=H, intermediate_size=2 * H, num_hidden_layers=1,
+                      num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, vocab_size=V,
+                      max_position_embeddings=tc.max_position_embeddings,
+                      rms_norm_eps=tc.rms_norm_eps, tie_word_embeddings=False, torch_dtype=dtype,
+                      architectures=["LlamaForCausalLMEagle3"])
+    # what vLLM's Eagle3 LlamaModel reads beyond a LlamaConfig: the target's hidden size (the
+    # fc input is three of its hidden states) and the draft vocabulary (the target's: no d2t map)
+    cfg.target_hidden_size, cfg.draft_vocab_size = H, V
+    gen = torch.Generator().manual_seed(seed + 2)
+    dt = getattr(torch, dtype)
+
+    def rand(*shape):
+        return (torch.randn(shape, generator=gen) * 0.02).to(dt)
+
+    ones = torch.ones(H, dtype=dt)  # Llama's RMSNorm scales by its weight
+    m = "midlayer."
+    tensors = {f"{m}self_attn.q_proj.weight": rand(nh * hd, 2 * H),
+               f"{m}self_attn.k_proj.weight": rand(nkv * hd, 2 * H),
+               f"{m}self_attn.v_proj.weight": rand(nkv * hd, 2 * H),
+               f"{m}self_attn.o_proj.weight": rand(H, nh * hd),
+               f"{m}mlp.gate_proj.weight": rand(2 * H, H), f"{m}mlp.up_proj.weight": rand(2 * H, H),
+               f"{m}mlp.down_proj.weight": rand(H, 2 * H),
+               "fc.weight": rand(H, 3 * H), "lm_head.weight": rand(V, H),
+               # draft id -> target id offsets (vLLM adds them to the draft ids): the identity
+               "d2t": torch.zeros(V, dtype=torch.int64)}
+    for norm in (f"{m}input_layernorm", f"{m}hidden_norm", f"{m}post_attention_layernorm", "norm"):
+        tensors[f"{norm}.weight"] = ones.clone()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(path)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
 def _saved_tensors(path: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -174,7 +231,7 @@ def _add_tensors(path: Path, tensors: dict) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("path")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=None, help="bfloat16 (default; --eagle3-for: the target's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config-only", action="store_true")
     ap.add_argument("--full-size", action="store_true",
@@ -183,12 +240,19 @@ def main(argv=None):
                     help="with --full-size: that many layers (a multiple of 4), to fit one GPU")
     ap.add_argument("--mtp", action="store_true",
                     help="with one MTP layer (vLLM speculative method 'mtp' / 'qwen3_next_mtp')")
+    ap.add_argument("--eagle3-for", metavar="TARGET", default=None,
+                    help="an EAGLE-3 draft head for the checkpoint at TARGET instead (vLLM "
+                         "speculative method 'eagle3'; dtype: the target's unless --dtype)")
     ap.add_argument("--qwen3-5", choices=("dense", "moe"), default=None,
                     help="a tiny Qwen3.5 config.json instead (for load_format='dummy')")
     a = ap.parse_args(argv)
+    if not a.eagle3_for:
+        a.dtype = a.dtype or "bfloat16"
     if a.mtp and a.full_size:
         ap.error("--mtp goes with the tiny models only")
-    if a.qwen3_5:
+    if a.eagle3_for:
+        print(make_tiny_eagle3_head(a.path, a.eagle3_for, a.dtype, a.seed))
+    elif a.qwen3_5:
         print(write_tiny_qwen3_5_config(a.path, dtype=a.dtype, moe=a.qwen3_5 == "moe",
                                         mtp=a.mtp))
     elif a.layers is not None and not a.full_size:

@@ -21,8 +21,8 @@ What it patches in vLLM (each undone by ``additional_config={"gdn_graphs": False
   own entry first, then sets ``cache_config.mamba_cache_mode`` ("all" with prefix caching),
   ``mamba_block_size`` and ``user_specified_mamba_block_size``; it refuses
   another cache mode, a block size not a multiple of 64 and any ``prefix_match_unit``. With
-  ``speculative_config`` (``check_speculative``): accepts method "ngram", "ngram_gpu" and the
-  MTP methods (async scheduling as vLLM sets it), refuses
+  ``speculative_config`` (``check_speculative``): accepts method "ngram", "ngram_gpu", "eagle3" and
+  the MTP methods (async scheduling as vLLM sets it), refuses
   ``parallel_drafting``, prefix caching off and k outside [1, 63]; reads ``method``,
   ``num_speculative_tokens``; the builder reads ``scheduler_config.async_scheduling`` and then
   ``CommonAttentionMetadata.seq_lens`` (device; true where the host's are optimistic).

@@ -98,8 +98,13 @@ class GDNAllConfig(VerifyAndUpdateConfig):
 
 
 # speculative methods the plugin runs (vLLM 0.26 renames the Qwen MTP ones to "mtp")
-# ("ngram_gpu": vLLM's n-gram drafter on the device, the n-gram it runs with async scheduling)
-SPEC_METHODS = ("ngram", "ngram_gpu", "mtp", "qwen3_next_mtp", "qwen3_5_mtp")
+# ("ngram_gpu": vLLM's n-gram drafter on the device, the n-gram it runs with async scheduling;
+# "eagle3": a separate draft head on the target's auxiliary hidden states, which vLLM's
+# Qwen3-Next and Qwen3.5 classes provide (SupportsEagle3) and our subclasses inherit). The GDN
+# layers see the same verification rows whatever drafts them; the methods differ for the page
+# manager only in vLLM's drop_eagle_block (EAGLE-3 and MTP), which it applies in both modes.
+MTP_METHODS = ("mtp", "qwen3_next_mtp", "qwen3_5_mtp")
+SPEC_METHODS = ("ngram", "ngram_gpu", "eagle3", *MTP_METHODS)
 _OFF = "or turn the plugin off for this engine with additional_config={'gdn_graphs': False}"
 
 
@@ -113,7 +118,7 @@ def check_speculative(vllm_config) -> None:
     method, k = getattr(sc, "method", None), getattr(sc, "num_speculative_tokens", None)
     if method not in SPEC_METHODS:
         raise ValueError(f"gdn_graphs runs speculative decoding with method 'ngram', "
-                         f"'ngram_gpu' or the MTP methods {SPEC_METHODS[2:]}; got "
+                         f"'ngram_gpu', 'eagle3' or the MTP methods {MTP_METHODS}; got "
                          f"method={method!r}. Use one of them, "
                          f"{_OFF}")
     if not isinstance(k, int) or not 1 <= k < CHUNK:

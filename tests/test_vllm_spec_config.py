@@ -31,7 +31,17 @@ def tiny_eagle3(vllm_cpu, tmp_path_factory):
 
 
 def _eagle3(head, k=3):
-    return {"method": "eagle3", "model": head, "num_speculative_tokens": k}
+    """The speculative_config profiling/vllm_e2e.py passes for ``--spec eagle3`` (the GPU runs')."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "profiling" / "vllm_e2e.py"
+    spec = importlib.util.spec_from_file_location("vllm_e2e", path)
+    e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(e2e)
+    with pytest.raises(SystemExit, match="--spec-model"):
+        e2e.speculative_config("eagle3", k)
+    return e2e.speculative_config("eagle3", k, head)
 
 
 @pytest.mark.vllm

@@ -250,6 +250,9 @@ def main(argv=None):
         a.dtype = a.dtype or "bfloat16"
     if a.mtp and a.full_size:
         ap.error("--mtp goes with the tiny models only")
+    if a.eagle3_for and (a.mtp or a.full_size or a.qwen3_5 or a.config_only or a.layers):
+        ap.error("--eagle3-for writes a draft head only (its size comes from TARGET): no --mtp, "
+                 "--full-size, --layers, --qwen3-5 or --config-only with it")
     if a.eagle3_for:
         print(make_tiny_eagle3_head(a.path, a.eagle3_for, a.dtype, a.seed))
     elif a.qwen3_5:

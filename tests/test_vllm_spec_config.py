@@ -94,6 +94,10 @@ def test_eagle3_is_accepted(vllm_cpu, tiny_eagle3):
     assert (sc.method, sc.num_speculative_tokens) == ("eagle3", 3)
     assert sc.use_eagle()
     assert sc.draft_model_config.hf_config.architectures == ["LlamaForCausalLMEagle3"]
+    # three distinct target layers feed fc [H, 3 H] (vLLM's default for 4 layers names two)
+    ids = sc.draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids
+    n_layers = cfg.model_config.hf_config.num_hidden_layers
+    assert len(set(ids)) == 3 and all(0 <= i < n_layers for i in ids), (ids, n_layers)
     assert cfg.cache_config.mamba_cache_mode == "all"
     off = _engine_config(vllm_cpu, **kw, additional_config={"gdn_graphs": False})
     assert off.cache_config.mamba_cache_mode == "align"

@@ -173,6 +173,14 @@ def make_tiny_eagle3_head(path: str | Path, target: str | Path, dtype: str | Non
     # what vLLM's Eagle3 LlamaModel reads beyond a LlamaConfig: the target's hidden size (the
     # fc input is three of its hidden states) and the draft vocabulary (the target's: no d2t map)
     cfg.target_hidden_size, cfg.draft_vocab_size = H, V
+    # the three target layers whose inputs feed fc. Left unset, vLLM takes the model's default,
+    # (2, L // 2, L - 3) for L layers, which for the tiny models' 4 layers is (2, 2, 1): two
+    # distinct layers, so fc got 2 H features for its 3 H inputs and the engine died on its
+    # first request (H200, 2026-12-02). Real heads name their layers the same way.
+    L = tc.num_hidden_layers
+    if L < 3:
+        raise ValueError(f"an EAGLE-3 head reads three distinct target layers; the target has {L}")
+    cfg.eagle_aux_hidden_state_layer_ids = sorted({1, L // 2, L - 1} if L >= 4 else {0, 1, 2})
     gen = torch.Generator().manual_seed(seed + 2)
     dt = getattr(torch, dtype)
 

@@ -71,11 +71,6 @@ BF16_SWEEP_MAXNREG = [(16, 2, 64), (16, 2, 96), (16, 1, 96), (32, 2, 96), (32, 2
 # math (gdn_decode's nsub), for bf16 and fp32 pools (NSUB_SWEEP_B)
 NSUB_SWEEP = [(8, 1, 2), (8, 1, 4), (16, 2, 2), (16, 2, 4), (16, 1, 4), (32, 2, 2), (4, 1, 4)]
 NSUB_SWEEP_B = (64, 256, 1024)
-# (BV, num_warps, nsub, stages): the nsub tiles through a software pipeline of that many stages
-# (gdn_decode's stages: cp.async through shared memory, not registers), up to a whole head per
-# program (BV * nsub = 128), for both pools (profiling/notes_decode_bf16.md)
-PIPE_SWEEP = [(8, 1, 16, 2), (8, 1, 16, 3), (8, 1, 16, 4), (8, 1, 4, 3), (16, 2, 8, 2),
-              (16, 2, 8, 3), (16, 1, 8, 3), (32, 4, 4, 2), (32, 4, 4, 3), (4, 1, 32, 3)]
 COLUMNS = ("ours", "fla", "vllm", "fi")
 POOL_DTYPES = ("fp32", "bf16")
 GiB = 1 << 30
@@ -708,7 +703,7 @@ def default_config_of(gdn_decode, B, dtype):
     return default_config(K, V, B, dtype)
 
 
-def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1, stages=0):
+def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1):
     """Ours' kernel launched directly (the arguments gdn_decode's _launch passes for one token per
     row, no PDL, no error flag) so that a sweep can also cap registers per thread (Triton's
     ``maxnreg``) and read the compiled kernel's registers and spills into ``info``."""
@@ -719,8 +714,7 @@ def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1, stages=0):
         o = out[:, 0]
         N = x.q.shape[0]
         grid = (N, HV * triton.cdiv(V, BV * nsub))
-        kw = dict(num_warps=num_warps, NSUB=nsub, STAGES=stages,
-                  **({"maxnreg": maxnreg} if maxnreg else {}))
+        kw = dict(num_warps=num_warps, NSUB=nsub, **({"maxnreg": maxnreg} if maxnreg else {}))
 
         def call():
             ck = _gdn_decode_kernel[grid](
@@ -736,14 +730,13 @@ def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1, stages=0):
 
 
 def _sweep_row(bench, torch, gdn_decode, B, dtype, cfg, budget, target, copy):
-    """One sweep row: ours' kernel at ``cfg`` = (BV, num_warps, maxnreg, nsub[, stages]),
-    checked against the default config, with its registers and spills."""
-    BV, nw, maxnreg, ns, *rest = cfg
-    st = rest[0] if rest else 0
+    """One sweep row: ours' kernel at ``cfg`` = (BV, num_warps, maxnreg, nsub), checked against
+    the default config, with its registers and spills."""
+    BV, nw, maxnreg, ns = cfg
     info = {}
-    r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info, ns, st))], B, dtype, budget,
+    r = bench_column(bench, [("", make_ours_raw(BV, nw, maxnreg, info, ns))], B, dtype, budget,
                      target, ref_make=make_ours(gdn_decode))
-    r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, nsub=ns, stages=st, **info)
+    r.update(BV=BV, num_warps=nw, maxnreg=maxnreg, nsub=ns, **info)
     if "TBps" in r:
         r["ratio_to_copy"] = r["TBps"] / copy
     return r
@@ -763,7 +756,6 @@ def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
     configs = [(BV, nw, None, 1) for BV, nw in (BF16_SWEEP_QUICK if args.quick else BF16_SWEEP)]
     configs += [] if args.quick else [(BV, nw, cap, 1) for BV, nw, cap in BF16_SWEEP_MAXNREG]
     configs += [(BV, nw, None, ns) for BV, nw, ns in NSUB_SWEEP]
-    configs += [(BV, nw, None, ns, st) for BV, nw, ns, st in PIPE_SWEEP]
     for B in progress(_sweep_batches(args, BF16_SWEEP_B), desc="bf16 sweep"):
         rows += [_sweep_row(bench, torch, gdn_decode, B, torch.bfloat16, cfg, budget, target, copy)
                  for cfg in configs]
@@ -781,15 +773,13 @@ def run_bf16_sweep(bench, torch, gdn_decode, args, budget, target, copy):
 
 
 def run_nsub_sweep_fp32(bench, torch, gdn_decode, args, budget, target, copy):
-    """Ours with an fp32 pool at TP 1 over NSUB_SWEEP (tiles per program) and PIPE_SWEEP (the
-    same through a software pipeline), B in NSUB_SWEEP_B, each row checked against the default
-    config (the bf16 sweep holds the bf16 rows)."""
+    """Ours with an fp32 pool at TP 1 over NSUB_SWEEP (tiles per program), B in NSUB_SWEEP_B,
+    each row checked against the default config (the bf16 sweep holds the bf16 rows)."""
     set_tp(1)
-    configs = [(BV, nw, None, ns) for BV, nw, ns in NSUB_SWEEP]
-    configs += [(BV, nw, None, ns, st) for BV, nw, ns, st in PIPE_SWEEP]
-    return [_sweep_row(bench, torch, gdn_decode, B, torch.float32, cfg, budget, target, copy)
+    return [_sweep_row(bench, torch, gdn_decode, B, torch.float32, (BV, nw, None, ns), budget,
+                       target, copy)
             for B in progress(_sweep_batches(args, NSUB_SWEEP_B), desc="fp32 nsub sweep")
-            for cfg in configs]
+            for BV, nw, ns in NSUB_SWEEP]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -873,8 +863,7 @@ def _sweep_cfg(r):
     cap = f" cap{r['maxnreg']}" if r.get("maxnreg") else ""
     pdl = " pdl" if r.get("pdl") else ""
     nsub = f" x{r['nsub']}" if r.get("nsub", 1) > 1 else ""
-    pipe = f" pipe{r['stages']}" if r.get("stages") else ""
-    return f"BV {r['BV']}/{r['num_warps']}w{nsub}{pipe}{cap}{pdl}{regs}{spill}"
+    return f"BV {r['BV']}/{r['num_warps']}w{nsub}{cap}{pdl}{regs}{spill}"
 
 
 def print_columns(results):
@@ -975,7 +964,7 @@ def _dry_run_setup():
     import os
     global DEVICE, TP_HEADS, K, V, LAYERS, BATCHES, BATCHES_TP2, SWEEP_B, SWEEP, SWEEP_QUICK
     global BF16_SWEEP_B, BF16_SWEEP, BF16_SWEEP_QUICK, BF16_SWEEP_MAXNREG, MIN_LAUNCHES
-    global NSUB_SWEEP, NSUB_SWEEP_B, PIPE_SWEEP
+    global NSUB_SWEEP, NSUB_SWEEP_B
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
     TP_HEADS = {1: (1, 2), 2: (1, 1)}
@@ -986,7 +975,6 @@ def _dry_run_setup():
     BF16_SWEEP = BF16_SWEEP_QUICK = [(8, 1), (16, 2)]
     BF16_SWEEP_MAXNREG = []
     NSUB_SWEEP, NSUB_SWEEP_B = [(4, 1, 2)], (4,)
-    PIPE_SWEEP = [(4, 1, 2, 2)]
     MIN_LAUNCHES = 2
     set_tp(1)
 

@@ -176,15 +176,12 @@ def test_decode_tile_overrides(BV, num_warps, device):
                  BV=BV, num_warps=num_warps)
 
 
-@pytest.mark.parametrize("nsub,BV,V,stages", [(2, 4, 16, 0), (4, 4, 16, 0), (2, 8, 20, 0),
-                                              (8, 4, 16, 0), (4, 4, 16, 2), (2, 8, 20, 3),
-                                              (8, 4, 16, 3), (1, 8, 16, 2)])
+@pytest.mark.parametrize("nsub,BV,V", [(2, 4, 16), (4, 4, 16), (2, 8, 20), (8, 4, 16)])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-def test_decode_subtiles_equal_one_tile_bitwise(nsub, BV, V, stages, state_dtype, device):
-    """nsub tiles per program (the successor's load before the math, or with ``stages`` a
-    software pipeline; q/k/gates once): the reference answer and exactly the bits of one tile
-    per program, incl. a partial last tile (V = 20), tiles past V (nsub * BV > V), padded and
-    in-place rows, guards untouched."""
+def test_decode_subtiles_equal_one_tile_bitwise(nsub, BV, V, state_dtype, device):
+    """nsub tiles per program (the successor's load before the math, q/k/gates once): the
+    reference answer and exactly the bits of one tile per program, incl. a partial last tile
+    (V = 20), tiles past V (nsub * BV > V), padded and in-place rows, guards untouched."""
     N, K = 5, 16
     in_dtype = torch.float32 if state_dtype == torch.float32 else torch.bfloat16
     inputs = make_inputs(N, K, V, in_dtype, device, seed=nsub * 10 + BV)
@@ -193,7 +190,7 @@ def test_decode_subtiles_equal_one_tile_bitwise(nsub, BV, V, stages, state_dtype
                                 random.Random(nsub + BV))
     pool1 = pool.clone()
     res = check_decode(*inputs, buf, pool, reads, writes, None, in_dtype, BV=BV, num_warps=1,
-                       nsub=nsub, stages=stages)
+                       nsub=nsub)
     t = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
     one = gdn_decode(*inputs, pool1, t(reads), t(writes), BV=BV, num_warps=1)
     assert torch.equal(bits(res), bits(one)) and torch.equal(bits(pool), bits(pool1))
@@ -206,9 +203,6 @@ def test_decode_nsub_must_be_a_power_of_two(device):
     rs = torch.tensor([0, 1], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="nsub must be a power of two"):
         gdn_decode(*inputs, pool, rs, rs, nsub=3)
-    for bad in (-1, 9, 2.0, True):
-        with pytest.raises(ValueError, match="stages must be an int"):
-            gdn_decode(*inputs, pool, rs, rs, nsub=2, stages=bad)
 
 
 def test_decode_non_power_of_two_dims(device):
@@ -558,20 +552,18 @@ def test_gpu_tile_configs(BV, num_warps, gpu):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("BV,num_warps,nsub,stages", [
-    (8, 1, 2, 0), (8, 1, 4, 0), (16, 2, 2, 0), (16, 2, 4, 0), (16, 1, 8, 0),
-    (8, 1, 16, 2), (8, 1, 16, 3), (16, 2, 8, 3), (32, 4, 4, 2)])
-def test_gpu_subtiles_equal_one_tile_bitwise(BV, num_warps, nsub, stages, pool_dtype, gpu):
-    """On the GPU (the compiled loop, and with ``stages`` the software-pipelined one),
-    Qwen3-Next shapes: nsub tiles per program give exactly the outputs and states of one tile
-    per program with the same (BV, num_warps)."""
+@pytest.mark.parametrize("BV,num_warps,nsub", [(8, 1, 2), (8, 1, 4), (16, 2, 2), (16, 2, 4),
+                                               (16, 1, 8)])
+def test_gpu_subtiles_equal_one_tile_bitwise(BV, num_warps, nsub, pool_dtype, gpu):
+    """On the GPU (the compiled loop), Qwen3-Next shapes: nsub tiles per program give exactly
+    the outputs and states of one tile per program with the same (BV, num_warps)."""
     N = 48
     inputs = _qwen_inputs(N, gpu, seed=nsub)
     pool = _qwen_pool(2 * N + 1, gpu, dtype=pool_dtype, seed=nsub)
     pool1 = pool.clone()
     rs = torch.arange(N, dtype=torch.int32, device=gpu)
     ws = torch.arange(N, 2 * N, dtype=torch.int32, device=gpu)
-    o = gdn_decode(*inputs, pool, rs, ws, BV=BV, num_warps=num_warps, nsub=nsub, stages=stages)
+    o = gdn_decode(*inputs, pool, rs, ws, BV=BV, num_warps=num_warps, nsub=nsub)
     o1 = gdn_decode(*inputs, pool1, rs, ws, BV=BV, num_warps=num_warps)
     torch.cuda.synchronize()
     assert torch.equal(bits(o), bits(o1)) and torch.equal(bits(pool), bits(pool1))

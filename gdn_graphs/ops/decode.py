@@ -114,7 +114,7 @@ def _gdn_decode_kernel(
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_FLAG: tl.constexpr, NSUB: tl.constexpr = 1, STAGES: tl.constexpr = 0,
+    HAS_FLAG: tl.constexpr, NSUB: tl.constexpr = 1,
 ):
     i_n = tl.program_id(0)
     i_j = tl.program_id(1)
@@ -181,9 +181,8 @@ def _gdn_decode_kernel(
         w_slot = tl.load(write_slot_ptr + i_n)
         w_ok = slot_ok(w_slot, num_slots)
         p_o = o_ptr + i_n.to(tl.int64) * stride_ot + i_hv * V + o_v
-        if STAGES == 0:
-            # issue the big state load first (masked off, it costs nothing for a padded row)
-            b_h = tl.load(p_read, mask=mask_h & r_ok, other=0.).to(tl.float32)
+        # issue the big state load first (masked off, it costs nothing for a padded row)
+        b_h = tl.load(p_read, mask=mask_h & r_ok, other=0.).to(tl.float32)
         if USE_PDL:
             _wait_for_previous_kernel()
         # (the flag, like every write, only after the wait)
@@ -195,42 +194,23 @@ def _gdn_decode_kernel(
                 stride_qt, stride_kt, stride_vt, stride_at, stride_bt,
                 o_k, o_v, mask_k, mask_v, scale, HV, K, V, HK)
             p_write = ssm_ptr + tl.where(w_ok, w_slot, 0).to(tl.int64) * stride_slot + o_h
-            # STAGES > 0: the tiles go through a software pipeline of that many stages (Triton
-            # stages a tl.range loop's loads through shared memory with cp.async), so the bytes
-            # in flight no longer live in registers (FlashInfer's fp32 decode streams its tiles
-            # so; profiling/notes_decode_bf16.md). The arithmetic per row is the same.
-            if STAGES > 0:
-                for s in tl.range(0, NSUB, num_stages=STAGES):
-                    o_vs = o_v + s * BV
-                    m_v = o_vs < V
-                    m_h = m_v[:, None] & mask_k[None, :]
-                    b_hs = tl.load(p_read + s * BV * K, mask=m_h & r_ok, other=0.).to(tl.float32)
-                    b_vs = tl.load(v_ptr + i_n.to(tl.int64) * stride_vt + i_hv * V + o_vs,
-                                   mask=m_v, other=0.).to(tl.float32)
-                    b_hs, b_o = _delta_step(b_hs, b_q, b_k, b_vs, g, beta)
-                    tl.store(p_write + s * BV * K, b_hs.to(p_write.dtype.element_ty),
-                             mask=m_h & w_ok)
-                    tl.store(p_o + s * BV, b_o.to(p_o.dtype.element_ty), mask=m_v)
-            else:
-                # Tile s covers rows o_v + s * BV. Its successor's state load is issued before
-                # its math, so a program keeps a tile in flight while it computes (more bytes in
-                # flight per register than one tile a program); q, k and the gates are loaded
-                # once for all.
-                for s in tl.static_range(NSUB):
-                    m_v = (o_v + s * BV) < V
-                    m_h = m_v[:, None] & mask_k[None, :]
-                    if s + 1 < NSUB:
-                        m_next = ((o_v + (s + 1) * BV) < V)[:, None] & mask_k[None, :]
-                        b_next = tl.load(p_read + (s + 1) * BV * K, mask=m_next & r_ok, other=0.)
-                    if s > 0:
-                        b_v = tl.load(v_ptr + i_n.to(tl.int64) * stride_vt + i_hv * V + o_v
-                                      + s * BV, mask=m_v, other=0.).to(tl.float32)
-                    b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
-                    tl.store(p_write + s * BV * K, b_h.to(p_write.dtype.element_ty),
-                             mask=m_h & w_ok)
-                    tl.store(p_o + s * BV, b_o.to(p_o.dtype.element_ty), mask=m_v)
-                    if s + 1 < NSUB:
-                        b_h = b_next.to(tl.float32)
+            # Tile s covers rows o_v + s * BV. Its successor's state load is issued before its
+            # math, so a program keeps a tile in flight while it computes (more bytes in flight
+            # per register than one tile a program); q, k and the gates are loaded once for all.
+            for s in tl.static_range(NSUB):
+                m_v = (o_v + s * BV) < V
+                m_h = m_v[:, None] & mask_k[None, :]
+                if s + 1 < NSUB:
+                    m_next = ((o_v + (s + 1) * BV) < V)[:, None] & mask_k[None, :]
+                    b_next = tl.load(p_read + (s + 1) * BV * K, mask=m_next & r_ok, other=0.)
+                if s > 0:
+                    b_v = tl.load(v_ptr + i_n.to(tl.int64) * stride_vt + i_hv * V + o_v + s * BV,
+                                  mask=m_v, other=0.).to(tl.float32)
+                b_h, b_o = _delta_step(b_h, b_q, b_k, b_v, g, beta)
+                tl.store(p_write + s * BV * K, b_h.to(p_write.dtype.element_ty), mask=m_h & w_ok)
+                tl.store(p_o + s * BV, b_o.to(p_o.dtype.element_ty), mask=m_v)
+                if s + 1 < NSUB:
+                    b_h = b_next.to(tl.float32)
         else:
             # padded row: no slot to read or write, output is exactly zero
             for s in tl.static_range(NSUB):
@@ -367,8 +347,7 @@ def _resolve_config(K, V, N, ssm, BV, num_warps, nsub):
 # --------------------------------------------------------------------------------------------
 
 def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, write_slots,
-            write_stride, write_width, N, scale, BV, num_warps, pdl, error_flag, nsub=1,
-            stages=0):
+            write_stride, write_width, N, scale, BV, num_warps, pdl, error_flag, nsub=1):
     """One launch of the kernel over N rows; checks already done, nothing here syncs.
 
     cu_seqlens None: row i is token i and writes write_slots[i] (write_stride, write_width 1).
@@ -388,8 +367,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         ssm.stride(0), write_stride, write_width, q.shape[0], ssm.shape[0],
         scale,
-        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, NSUB=nsub, STAGES=stages,
-        num_warps=num_warps,
+        HK=HK, HV=HV, K=K, V=V, BV=BV, USE_PDL=pdl, NSUB=nsub, num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
     return out
@@ -400,7 +378,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
 # --------------------------------------------------------------------------------------------
 
 def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=None, scale=None,
-               *, BV=None, num_warps=None, pdl=False, error_flag=None, nsub=None, stages=0):
+               *, BV=None, num_warps=None, pdl=False, error_flag=None, nsub=None):
     """One GDN decode token per row, state read from and written to a slot pool.
 
     Args:
@@ -428,11 +406,6 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
                      while it is computed (default: ``default_config``'s, or 1 when BV or
                      num_warps is given). The same arithmetic per row whatever nsub: outputs and
                      states are bit-identical to one tile per program with that BV, num_warps.
-        stages:      0 (default): the register prefetch above. n > 0: the nsub tiles go through
-                     a software pipeline of n stages instead (tl.range num_stages: Triton stages
-                     the loads through shared memory with cp.async), with the same arithmetic,
-                     so the same bits. Not yet a default: it awaits an H200 sweep
-                     (profiling/bench_decode.py's PIPE_SWEEP).
         pdl:         launch with programmatic dependent launch (CUDA, sm_90+): the slot and state
                      loads overlap the previous kernel in the stream, and the next kernel may
                      start before this one ends. Requires that the kernel just before this one
@@ -448,12 +421,10 @@ def gdn_decode(q, k, v, a, b, A_log, dt_bias, ssm, read_slot, write_slot, out=No
     _check_slots("read_slot", read_slot, N, q.device)
     _check_slots("write_slot", write_slot, N, q.device)
     BV, num_warps, nsub = _resolve_config(K, V, N, ssm, BV, num_warps, nsub)
-    if not isinstance(stages, int) or isinstance(stages, bool) or not 0 <= stages <= 8:
-        _fail(f"stages must be an int in [0, 8] (0: no software pipeline), got {stages!r}")
     if out is None:
         out = torch.empty(N, HV, V, dtype=v.dtype, device=v.device)
     return _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, None, read_slot, write_slot, 1, 1,
-                   N, scale, BV, num_warps, pdl, error_flag, nsub=nsub, stages=stages)
+                   N, scale, BV, num_warps, pdl, error_flag, nsub=nsub)
 
 
 def gdn_decode_multi(q, k, v, a, b, A_log, dt_bias, ssm, cu_seqlens, read_slot, write_slots,

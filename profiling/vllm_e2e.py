@@ -287,6 +287,9 @@ def main(argv=None):
               **({"mamba_ssm_cache_dtype": a.state_dtype} if a.state_dtype else {}))
     start_s = time.perf_counter() - t0
     t_up = time.time()  # wall clock, to compare with file times
+    # the same clock as vLLM's log lines (local time, whole seconds): vllm_report places the JIT
+    # monitor's compiles in the scenario windows below with it
+    res_clock = time.strftime("%H:%M:%S", time.localtime(t_up)) + f".{int(t_up % 1 * 100):02d}"
     vcfg = llm.llm_engine.vllm_config
     cc = vcfg.cache_config
     B = cc.block_size
@@ -336,7 +339,10 @@ def main(argv=None):
 
     want = set(a.scenarios.split(","))
     S = res["scenarios"]
-    marks = res["scenario_start_s"] = {}  # seconds after engine start, to place Triton compiles
+    # seconds after engine start at which each scenario (and each untimed warm-up inside one:
+    # NAME_first_use / NAME, then NAME_timed) began, to place compiles; "end" closes the last
+    marks = res["scenario_start_s"] = {}
+    res["engine_up_clock"] = res_clock
     if "repeat" in want:
         marks["repeat"] = round(time.time() - t_up, 2)
         p = ids(rng, a.prefix_len, vocab) + ids(rng, 100, vocab)
@@ -366,7 +372,9 @@ def main(argv=None):
             # first use of this length (vLLM's MoE kernels per token count, FlashInfer's CuTe-DSL
             # prefill in vLLM's own mode): compiled here, not in the measured pair
             w = ids(first_rng, n, vocab)
+            marks[f"ttft_{n}_first_use"] = round(time.time() - t_up, 2)
             first_use = [run(w, 1)["ttft_s"], run(w, 1)["ttft_s"]]
+            marks[f"ttft_{n}_timed"] = round(time.time() - t_up, 2)
             p = ids(rng, n, vocab)
             entry = {"cold": run(p, 1), "warm": run(p, 1), "first_use_ttft_s": first_use}
             if i == 0:
@@ -379,6 +387,7 @@ def main(argv=None):
         # (mixed prefill+decode steps included) is compiled before the clock starts
         ps = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
         llm.generate(ps, greedy(a.decode_tokens), use_tqdm=False)
+        marks["decode_timed"] = round(time.time() - t_up, 2)
         ps2 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
         t = time.perf_counter()
         llm.generate(ps2, greedy(1), use_tqdm=False)
@@ -422,6 +431,8 @@ def main(argv=None):
     if "load" in want:
         marks["load"] = round(time.time() - t_up, 2)
         S["load"] = vllm_load.run_load(llm, rng, vocab, a, greedy(a.load_gen), B)
+        marks["load_timed"] = round(marks["load"] + S["load"]["warmup_s"], 2)
+    marks["end"] = round(time.time() - t_up, 2)
     res["triton_compiles_after_start"] = triton_compiles_since(t_up)
     with open(a.out, "w") as f:
         json.dump(res, f)

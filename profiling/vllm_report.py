@@ -235,17 +235,59 @@ def print_spec(res: dict, summary: dict) -> None:
               f"captures {r.get('captures')}")
 
 
+# windows (vllm_e2e's scenario_start_s) whose requests are not timed: the warm-ups before a
+# scenario's clock starts (NAME, then NAME_timed) and the first use of a TTFT length
+UNTIMED = ("start-up", "ttft", "decode", "load", "end")
+
+
+def _clock_s(hms: str) -> float:
+    h, m, sec = hms.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+def jit_window(r: dict, hms: str) -> list[str]:
+    """The scenario windows a JIT-monitor line logged at ``hms`` (whole seconds: [hms, hms + 1))
+    falls in, from the engine's scenario_start_s and engine_up_clock; [] when the run did not
+    record its clock. vLLM 0.26 logs a CuTe-DSL compile as it starts (Triton's after), and each
+    kernel name once per process (``warning_once``): a later compile of the same kernel for
+    another shape leaves no line."""
+    up, marks = r.get("engine_up_clock"), r.get("scenario_start_s") or {}
+    if not up:
+        return []
+    t0 = (_clock_s(hms) - _clock_s(up)) % 86400  # seconds after engine up (past midnight too)
+    order = sorted((t, k) for k, t in marks.items())
+    first = ([k for m, k in order if m <= t0] or ["start-up"])[-1]
+    return [first] + [k for m, k in order if t0 < m < t0 + 1]
+
+
+def timed(window: str) -> bool:
+    return window not in UNTIMED and not window.endswith("_first_use")
+
+
 def print_jit(res: dict, summary: dict) -> None:
     """Kernels vLLM's JIT monitor saw compile while serving, other than Triton's (those are in
-    triton_compiles_after_start, with times): a timed scenario that held one is not a clean
-    figure (FlashInfer's CuTe-DSL prefill compiles on first use, 8-17 s)."""
+    triton_compiles_after_start, with times), each placed in the scenario window it fell in: a
+    timed window that held one is not a clean figure (FlashInfer's CuTe-DSL prefill compiles on
+    first use, 8-17 s); an untimed warm-up window is where such a compile belongs."""
     for name, r in res.items():
         other = [(t, kind, k) for t, kind, k in r.get("jit_during_inference", []) if kind != "Triton"]
         summary["configs"][name]["jit_during_inference"] = r.get("jit_during_inference", [])
-        if other:
+        if not other:
+            continue
+        if not r.get("engine_up_clock"):
             print(f"{name}: compiled while serving (not Triton): "
                   + ", ".join(f"{k} ({kind}, {t})" for t, kind, k in other)
                   + ": the scenario running then is not a clean timing")
+            continue
+        placed = []
+        for t, kind, k in other:
+            ws = jit_window(r, t)
+            placed.append({"at": t, "kind": kind, "kernel": k, "windows": ws,
+                           "timed": any(timed(w) for w in ws)})
+            verdict = (f"in timed {'/'.join(w for w in ws if timed(w))}: not a clean timing"
+                       if placed[-1]["timed"] else "in untimed warm-up " + "/".join(ws))
+            print(f"{name}: compiled while serving (not Triton): {k} ({kind}, {t}), {verdict}")
+        summary["configs"][name]["jit_placed"] = placed
 
 
 def main(argv=None):

@@ -141,6 +141,8 @@ def test_warm_up_runs_the_load_shapes_first_and_changes_no_result(load):
             load_prompts = llm.llm_engine.seen[5:]
             assert not any(p[:64] == w[:64] for p in load_prompts for w in warm)
     assert runs[0]["warmup_requests"] == 0 and runs[4]["warmup_requests"] == 5
+    # how long the warm-up took: vllm_e2e marks the load's clock start (load_timed) with it
+    assert runs[0]["warmup_s"] == 0 and runs[4]["warmup_s"] >= 0
     for key in ("requests", "finished", "output_tokens", "reused_tokens", "reused_mean",
                 "preemptions", "shared_hit_fraction"):
         assert runs[4][key] == runs[0][key], key

@@ -183,3 +183,30 @@ def test_non_triton_compiles_while_serving_are_flagged(report, capsys):
     out = capsys.readouterr().out
     assert "load80_vllm: compiled while serving (not Triton): _FullyFusedDeltaRuleSm90" in out
     assert "load80_plugin" not in out
+
+
+def test_compiles_are_placed_in_timed_or_untimed_windows(report, capsys):
+    """With the engine's clock recorded, a CuTe-DSL compile inside a warm-up (the untimed first
+    use of a TTFT length, the decode and load warm-ups) is told apart from one inside a timed
+    window; a line whose second straddles a boundary names both windows."""
+    marks = {"ttft": 0.0, "ttft_16000_first_use": 0.0, "ttft_16000_timed": 3.5, "decode": 5.6,
+             "decode_timed": 9.0, "end": 11.5}
+    r = {"engine_up_clock": "23:59:58.30", "scenario_start_s": marks}
+    assert report.jit_window(r, "23:59:59") == ["ttft_16000_first_use"]
+    assert report.jit_window(r, "00:00:02") == ["ttft_16000_timed"]  # past midnight
+    assert report.jit_window(r, "00:00:03") == ["ttft_16000_timed", "decode"]
+    assert report.jit_window(r, "00:00:04") == ["decode"]
+    assert report.jit_window(r, "00:00:08") == ["decode_timed"]
+    assert report.jit_window({"scenario_start_s": marks}, "00:00:04") == []
+    res = {"warm": dict(r, jit_during_inference=[["00:00:04", "CuTeDSL", "_FullyFusedDeltaRuleSm90"]]),
+           "hot": dict(r, jit_during_inference=[["00:00:03", "CuTeDSL", "_FullyFusedDeltaRuleSm90"],
+                                                ["00:00:08", "Triton", "fused_moe_kernel"]])}
+    summary = {"configs": {n: {} for n in res}}
+    report.print_jit(res, summary)
+    out = capsys.readouterr().out
+    assert "warm: compiled while serving (not Triton): _FullyFusedDeltaRuleSm90 (CuTeDSL, 00:00:04), " \
+           "in untimed warm-up decode" in out
+    assert "hot: compiled while serving (not Triton): _FullyFusedDeltaRuleSm90 (CuTeDSL, 00:00:03), " \
+           "in timed ttft_16000_timed: not a clean timing" in out
+    assert [p["timed"] for p in summary["configs"]["hot"]["jit_placed"]] == [True]
+    assert summary["configs"]["warm"]["jit_placed"][0]["windows"] == ["decode"]

@@ -741,15 +741,16 @@ def bench_vllm_fi(torch, triton, vf, case, quick, ref):
 # knob sweep
 # ---------------------------------------------------------------------------------------------
 
-def sweep_worker(torch, triton, start, quick, jsonl: Path):
-    """Time and check the knob configs from index ``start`` on (1x8192, B = 256), one JSON line each.
+def sweep_worker(torch, triton, start, quick, jsonl: Path, shape):
+    """Time and check the knob configs from index ``start`` on (``shape``, B = 256), one JSON line
+    each.
 
     Runs in a child process: a config that crashes the CUDA context (an illegal access would poison
     every later launch) then costs only its own line; the parent restarts after it. Each config's
     output is compared with the default config's (a miscompiled config must not win the sweep)."""
     from gdn_graphs.ops.chunk import DEFAULT_CONFIG, ChunkConfig, gdn_chunk_prefill
 
-    case = Case(torch, *SHAPES[0])
+    case = Case(torch, *shape)
     meta = case.metas["B=256"]
     gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws, config=DEFAULT_CONFIG)
     ref = case.out.float().clone()
@@ -774,14 +775,16 @@ def sweep_worker(torch, triton, start, quick, jsonl: Path):
             sys.exit(3)  # the context is dead: the parent restarts after this config
 
 
-def sweep(args):
-    """Run sweep_worker in child processes until every config has a line; returns the rows."""
+def sweep(args, shape):
+    """Run sweep_worker in child processes until every config has a line; returns the rows.
+    ``shape``: the first of --shapes (default 1x8192; 8x2048 for a batch of several sequences)."""
     jsonl = args.out / "bench_prefill_sweep.jsonl"
     jsonl.unlink(missing_ok=True)
     n = len(SWEEP_QUICK if args.quick else SWEEP)
     start = 0
     while start < n:
-        cmd = [sys.executable, __file__, "--out", str(args.out), "--sweep-worker", str(start)]
+        cmd = [sys.executable, __file__, "--out", str(args.out), "--sweep-worker", str(start),
+               "--shapes", f"{shape[0]}x{shape[1]}"]
         cmd += ["--quick"] if args.quick else []
         cmd += ["--cpu-dry-run"] if args.cpu_dry_run else []
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -797,7 +800,7 @@ def sweep(args):
             break
         start = done
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
-    return dict(shape=f"{SHAPES[0][0]}x{SHAPES[0][1]}", mode="B=256", seq=rows)
+    return dict(shape=f"{shape[0]}x{shape[1]}", mode="B=256", seq=rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -854,7 +857,7 @@ def plot(path, results):
     ax.bar(range(len(rows)), [r["Mtok_s"] for r in rows])
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"bv{r['bv']} w{r['warps_seq']} s{r['stages']}" for r in rows], rotation=70, fontsize=7)
-    ax.set_ylabel("M tokens/s (1x8192, B = 256)")
+    ax.set_ylabel(f"M tokens/s ({results.get('sweep', {}).get('shape')}, B = 256)")
     ax.set_title("launch-knob sweep", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -1030,9 +1033,10 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep_worker is not None:
         torch.set_grad_enabled(False)
-        return sweep_worker(torch, triton, args.sweep_worker, args.quick, args.out / "bench_prefill_sweep.jsonl")
+        return sweep_worker(torch, triton, args.sweep_worker, args.quick,
+                            args.out / "bench_prefill_sweep.jsonl", shapes[0])
     if args.sweep_only:
-        sw = sweep(args)
+        sw = sweep(args, shapes[0])
         (args.out / "bench_prefill_sweep.json").write_text(json.dumps(sw, indent=1))
         return print_table(dict(shapes={}, sweep=sw, device="", fla_error=None), sweep_only=True)
     from gdn_graphs.ops.chunk import DEFAULT_CONFIG
@@ -1104,7 +1108,7 @@ def main(argv=None):
     set_tp(1)
     if not args.no_sweep:
         log("knob sweep (child processes)")
-        results["sweep"] = sweep(args)
+        results["sweep"] = sweep(args, shapes[0])
     log("done")
     json_path.write_text(json.dumps(results, indent=1, default=str))
     png = args.out / "bench_prefill.png"

@@ -73,6 +73,19 @@ def test_prefill_args_and_help(capsys):
     assert e.value.code == 0 and "FlashInfer" in capsys.readouterr().out
 
 
+def test_prefill_sweep_runs_on_the_first_shape(tmp_path, capsys):
+    """--sweep-only times every knob config on the first of --shapes (a batch of several
+    sequences, where the default's knobs were never swept), each in a child process, each
+    checked against the default config's output."""
+    import json
+    bp = load_script("bench_prefill")
+    bp.main(["--out", str(tmp_path), "--cpu-dry-run", "--sweep-only", "--shapes", "2x64"])
+    sw = json.loads((tmp_path / "bench_prefill_sweep.json").read_text())
+    assert sw["shape"] == "2x64" and len(sw["seq"]) == len(bp.SWEEP) >= 2
+    assert all("ms" in r and r["rel_diff_vs_default"] < 1e-2 for r in sw["seq"]), sw["seq"]
+    assert "knob sweep, 2x64 B=256" in capsys.readouterr().out
+
+
 def test_prefill_dry_run_with_flashinfer_stand_in(tmp_path, capsys):
     bp = load_script("bench_prefill")
 

@@ -289,7 +289,7 @@ def main(argv=None):
     t_up = time.time()  # wall clock, to compare with file times
     # the same clock as vLLM's log lines (local time, whole seconds): vllm_report places the JIT
     # monitor's compiles in the scenario windows below with it
-    res_clock = time.strftime("%H:%M:%S", time.localtime(t_up)) + f".{int(t_up % 1 * 100):02d}"
+    up_clock = time.strftime("%H:%M:%S", time.localtime(t_up)) + f".{int(t_up % 1 * 100):02d}"
     vcfg = llm.llm_engine.vllm_config
     cc = vcfg.cache_config
     B = cc.block_size
@@ -342,7 +342,7 @@ def main(argv=None):
     # seconds after engine start at which each scenario (and each untimed warm-up inside one:
     # NAME_first_use / NAME, then NAME_timed) began, to place compiles; "end" closes the last
     marks = res["scenario_start_s"] = {}
-    res["engine_up_clock"] = res_clock
+    res["engine_up_clock"] = up_clock
     if "repeat" in want:
         marks["repeat"] = round(time.time() - t_up, 2)
         p = ids(rng, a.prefix_len, vocab) + ids(rng, 100, vocab)

@@ -276,7 +276,7 @@ def bench_ours(torch, triton, case, quick, cfg=None):
 
         def intra():
             return chunk_intra_fwd(
-                case.q, case.k, case.v, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
+                case.q, case.k, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
                 meta, K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32")
 
         def call():
@@ -286,7 +286,7 @@ def bench_ours(torch, triton, case, quick, cfg=None):
         ms_intra = bench_ms(triton, intra, quick)
         ck = intra()
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd(
-            case.out, case.pool, case.ws, meta, case.HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+            case.out, case.v, case.pool, case.ws, meta, case.HK, bv=cfg.bv, num_warps=cfg.warps_seq,
             num_stages=cfg.stages_for(torch.bfloat16), dot_precision="tf32"), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()),

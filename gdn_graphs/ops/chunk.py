@@ -5,13 +5,13 @@ Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs e
 ``_chunk_intra_kernel`` (one program per (chunk, value head), fully parallel)
     For one chunk of at most 64 tokens: gating g and beta, the chunk-local cumsum gc of g, the
     l2-normalised q (times scale) and k, the matrix A[t, s] = beta_t exp(gc_t - gc_s) k_t.k_s
-    (s < t) and T = (I + A)^-1, then the WY factors w = T (beta exp(gc) k) and u = T (beta v), and
-    P[t, s] = exp(gc_t - gc_s) q_t.k_s (s <= t). These go to a ChunkWorkspace, indexed by flat
-    token. It also writes zeros to the output rows of padding tokens (beyond cu_seqlens[-1]).
+    (s < t), T' = (I + A)^-1 diag(beta) and P[t, s] = exp(gc_t - gc_s) q_t.k_s (s <= t). These
+    go to a ChunkWorkspace, indexed by flat token. It also writes zeros to the output rows of
+    padding tokens (beyond cu_seqlens[-1]). It does not read v.
 
 ``_chunk_seq_kernel`` (one program per (sequence, value head, V tile), sequential over chunks)
     Keeps the state tile S^T [K, BV] in fp32 registers. Per chunk, with S0 the entering state:
-        v_new = u - w S0^T
+        v_new = T' (v - exp(gc) * (k S0^T))
         o     = exp(gc) * (q S0^T) + P v_new                        -> out
         S     = exp(gc_last) S0 + (exp(gc_last - gc) v_new)^T k
     and stores S into the pool at every block boundary that has a checkpoint slot, and the final
@@ -29,8 +29,10 @@ Derivation: write the token update as S_s = exp(g_s) S_{s-1} + d_s k_s^T with
 d_s = beta_s (v_s - exp(g_s) S_{s-1} k_s). Unrolled inside the chunk,
 S_s = exp(gc_s) S0 + sum_{r<=s} exp(gc_s - gc_r) d_r k_r^T, so
 exp(g_s) S_{s-1} k_s = exp(gc_s) S0 k_s + sum_{r<s} exp(gc_s - gc_r) (k_r.k_s) d_r, hence
-(I + A) d = beta v - beta exp(gc) (S0 k), d = u - w S0^T = v_new; o_t = S_t q_t and S_end follow
-from the unrolled sum.
+(I + A) d = beta v - beta exp(gc) (S0 k), d = T' (v - exp(gc) k S0^T) = v_new; o_t = S_t q_t and
+S_end follow from the unrolled sum. (The WY form d = u - w S0^T with u = T' v and
+w = T' diag(exp(gc)) k, which this kernel pair used before, costs two 64 x 64 x 128 products more
+per chunk and three times the workspace traffic; FlashInfer's SM90 kernel forms d as here.)
 
 Memory safety does not rest on slot values or metadata (gdn_graphs.ops.common): slots outside
 [-1, num_slots) are never dereferenced, spans are clipped to [0, T) and positions to [0, MAX_POS),
@@ -39,7 +41,7 @@ each repair ORs a code into the optional ``error_flag``. Only scalar arithmetic 
 existing accesses: valid inputs compute exactly what they did.
 
 Precision: bf16/fp16 inputs use 16-bit tensor-core operands with fp32 accumulation (the workspace
-holds w, u, P, q, k in the input dtype; ~4e-3 relative error against fp64 at K = V = 128), the
+holds T', P, q, k in the input dtype, and v - exp(gc) k S0^T is rounded to it before the T' product; ~4e-3 relative error against fp64 at K = V = 128), the
 in-chunk inverse uses tf32 dots on fp32 values, and the state always accumulates in fp32. fp32
 inputs use "tf32x3" dots on the GPU (ChunkConfig can ask for "ieee"). Under the Triton
 interpreter every dot runs in fp32 on operands already rounded like the GPU's, so the CPU tier sees
@@ -88,11 +90,11 @@ def _chunk_rows(bos, eos, off, j, o_c, BC: tl.constexpr):
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
 @triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
 def _chunk_intra_kernel(
-    q, k, v, a, b, A_log, dt_bias, out,
-    w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws,
+    q, k, a, b, A_log, dt_bias, out,
+    t_ws, p_ws, g_ws, qs_ws, kn_ws,
     cu_seqlens, start_pos, chunk_seq, chunk_idx, error_flag,
     T, max_seqs, max_chunks,
-    s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
+    s_qt, s_kt, s_at, s_bt, s_ot,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr,
@@ -165,8 +167,9 @@ def _chunk_intra_kernel(
     b_q = tl.load(q + rows[:, None] * s_qt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_q = b_q.to(tl.float32)
     b_q = b_q * (inv_l2norm(b_q, 1) * scale)[:, None]
-    b_kb = cast_like_gpu(b_k, w_ws.dtype.element_ty, INTERPRET)
-    b_qb = cast_like_gpu(b_q, w_ws.dtype.element_ty, INTERPRET)
+    DT: tl.constexpr = t_ws.dtype.element_ty
+    b_kb = cast_like_gpu(b_k, DT, INTERPRET)
+    b_qb = cast_like_gpu(b_q, DT, INTERPRET)
     if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
         p_hk = rows[:, None] * (HK * K) + i_hk * K + o_k[None, :]
         tl.store(qs_ws + p_hk, b_qb, mask=m_tk)
@@ -210,24 +213,15 @@ def _chunk_intra_kernel(
     for _ in tl.static_range(3):
         b_T = b_D - dot_like_gpu(b_N, b_T, None, INV_PREC, INTERPRET)
 
-    # w = T diag(beta exp(gc)) k and u = T diag(beta) v: scaling T's columns keeps k and v as
-    # they are (v is used in its input dtype, no rounding) and rounds once per operand
-    DT: tl.constexpr = w_ws.dtype.element_ty
-    b_Tw = cast_like_gpu(b_T * (b_beta * tl.exp(b_gc))[None, :], DT, INTERPRET)
-    b_w = dot_like_gpu(b_Tw, b_kb, None, DOT_PREC, INTERPRET)
-    tl.store(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], cast_like_gpu(b_w, DT, INTERPRET),
-             mask=m_tk)
-    # (v is loaded only here: loading it at the top was no faster; see the same SUMMARY.md)
-    m_tv = m_t[:, None] & m_v[None, :]
-    b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
-    b_u = dot_like_gpu(cast_like_gpu(b_T * b_beta[None, :], DT, INTERPRET), b_v, None, DOT_PREC, INTERPRET)
-    tl.store(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], cast_like_gpu(b_u, DT, INTERPRET),
-             mask=m_tv)
+    # T' = T diag(beta), the chunk's whole contribution to v_new (the seq kernel forms
+    # v_new = T' (v - exp(gc) k S0^T)): 64 values a row instead of the WY factors' K + V
+    tl.store(t_ws + rows[:, None] * (HV * BC) + i_h * BC + c,
+             cast_like_gpu(b_T * b_beta[None, :], DT, INTERPRET), mask=m_t[:, None])
 
 
 @triton.jit
-def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots, error_flag,
-               bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_ot, s_slot,
+def _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots, error_flag,
+               bos, eos, off, c0, n_end, first_blk, ck0, block_size, s_vt, s_ot, s_slot,
                max_ckpts, num_slots,
                i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
@@ -237,20 +231,23 @@ def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slot
     ce, m_t, rows = _chunk_rows(bos, eos, off, j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    b_w = tl.load(w_ws + rows[:, None] * (HV * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.)
+    b_T = tl.load(t_ws + rows[:, None] * (HV * BC) + i_h * BC + o_c[None, :], mask=m_t[:, None],
+                  other=0.)
     b_q = tl.load(qs_ws + rows[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_k = tl.load(kn_ws + rows[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
-    b_u = tl.load(u_ws + rows[:, None] * (HV * V) + i_h * V + o_v[None, :], mask=m_tv, other=0.)
+    b_v = tl.load(v + rows[:, None] * s_vt + i_h * V + o_v[None, :], mask=m_tv, other=0.)
     b_P = tl.load(p_ws + rows[:, None] * (HV * BC) + i_h * BC + o_c[None, :], mask=m_t[:, None],
                   other=0.)
     b_gc = tl.load(g_ws + rows * HV + i_h, mask=m_t, other=0.)
     g_last = tl.load(g_ws + (ce - 1).to(tl.int64) * HV + i_h)
 
-    DT: tl.constexpr = w_ws.dtype.element_ty
-    # v_new = u - w S0^T; o = exp(gc) (q S0^T) + P v_new
+    DT: tl.constexpr = t_ws.dtype.element_ty
+    # v_new = T' (v - exp(gc) k S0^T); o = exp(gc) (q S0^T) + P v_new
     b_Sb = cast_like_gpu(b_S, DT, INTERPRET)
-    b_vn = b_u.to(tl.float32) - dot_like_gpu(b_w, b_Sb, None, DOT_PREC, INTERPRET)
-    b_o = dot_like_gpu(b_q, b_Sb, None, DOT_PREC, INTERPRET) * tl.exp(b_gc)[:, None]
+    b_eg = tl.exp(b_gc)[:, None]
+    b_x = b_v.to(tl.float32) - b_eg * dot_like_gpu(b_k, b_Sb, None, DOT_PREC, INTERPRET)
+    b_vn = dot_like_gpu(b_T, cast_like_gpu(b_x, DT, INTERPRET), None, DOT_PREC, INTERPRET)
+    b_o = dot_like_gpu(b_q, b_Sb, None, DOT_PREC, INTERPRET) * b_eg
     b_o = dot_like_gpu(b_P, cast_like_gpu(b_vn, DT, INTERPRET), b_o, DOT_PREC, INTERPRET)
     tl.store(out + rows[:, None] * s_ot + i_h * V + o_v[None, :],
              cast_like_gpu(b_o, out.dtype.element_ty, INTERPRET), mask=m_tv)
@@ -278,9 +275,9 @@ def _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slot
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
 @triton.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
 def _chunk_seq_kernel(
-    out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
+    out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
     cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, error_flag,
-    T, max_ckpts, num_slots, block_size, s_ot, s_slot,
+    T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
     DOT_PREC: tl.constexpr, NUM_STAGES: tl.constexpr, ROUND_STATE: tl.constexpr,
@@ -334,17 +331,17 @@ def _chunk_seq_kernel(
     if INTERPRET:
         j = 0
         while j < nc:
-            b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+            b_S = _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
                              error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
-                             s_ot, s_slot, max_ckpts, num_slots,
+                             s_vt, s_ot, s_slot, max_ckpts, num_slots,
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                              HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
             j += 1
     else:
         for j in tl.range(0, nc, num_stages=NUM_STAGES):
-            b_S = _seq_chunk(b_S, j, out, w_ws, u_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
+            b_S = _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
                              error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
-                             s_ot, s_slot, max_ckpts, num_slots,
+                             s_vt, s_ot, s_slot, max_ckpts, num_slots,
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                              HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
 
@@ -403,20 +400,21 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
         check_workspace("gdn_chunk_prefill", workspace, T, HK, HV, K, V, q.dtype, q.device)
 
 
-def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
+def chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
                     num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee",
                     error_flag=None):
-    """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill). Returns Triton's
-    handle of the compiled kernel (registers, spills: ``.n_regs``, ``.n_spills``)."""
+    """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill): ws.t, p, g, qs, kn
+    for every chunk, out's padding rows. Returns Triton's handle of the compiled kernel
+    (registers, spills: ``.n_regs``, ``.n_spills``)."""
     T, HK, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
+    HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)
     return _chunk_intra_kernel[(n_cprog * HV,)](
-        q, k, v, a, b, A_log, dt_bias, out,
-        ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn,
+        q, k, a, b, A_log, dt_bias, out,
+        ws.t, ws.p, ws.g, ws.qs, ws.kn,
         meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,
         T, meta.max_seqs, meta.max_chunks,
-        q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
+        q.stride(0), k.stride(0), a.stride(0), b.stride(0), out.stride(0),
         float(scale),
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BVF=triton.next_power_of_2(V), BC=CHUNK,
@@ -425,21 +423,22 @@ def chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta
     )
 
 
-def chunk_seq_fwd(out, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
+def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
                   bv: int = 32, num_warps: int = 4, num_stages: int = 2,
                   dot_precision: str = "ieee", error_flag=None):
-    """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill). The token
-    count T is out's (the workspace holds at least as many)."""
+    """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill) after
+    chunk_intra_fwd filled ``ws``; it reads v itself. The token count T is out's (the workspace
+    holds at least as many)."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
     bv = min(bv, triton.next_power_of_2(V))
     grid = (HV * triton.cdiv(V, bv), meta.max_seqs)
     _chunk_seq_kernel[grid](
-        out, ws.w, ws.u, ws.p, ws.g, ws.qs, ws.kn, ssm,
+        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets, meta.ckpt_slots,
         error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
-        meta.block_size, out.stride(0), ssm.stride(0),
+        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=bv, BC=CHUNK,
         DOT_PREC=dot_precision, NUM_STAGES=num_stages, ROUND_STATE=ssm.dtype != torch.float32,
@@ -490,9 +489,9 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     fp32 = q.dtype == torch.float32
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
-    chunk_intra_fwd(q, k, v, a, b, A_log, dt_bias, out, workspace, meta, scale,
+    chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
                     num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
                     error_flag=error_flag)
-    chunk_seq_fwd(out, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+    chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
                   num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
     return out

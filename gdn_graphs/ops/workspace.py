@@ -20,12 +20,13 @@ __all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG"]
 class ChunkWorkspace:
     """Persistent intermediates of gdn_chunk_prefill for up to ``max_tokens`` tokens.
 
-    Per token: w [HV, K] and u [HV, V] (the WY factors), P [HV, 64] (the decayed causal q.k row of
-    its chunk), the chunk-local cumsum of g [HV] (fp32), and the normalised q and k of each key head
-    ([HK, K] each; pass ``HK`` to size them, default room for HK = HV). ``dtype`` is the input dtype
-    of q, k, v; all but the cumsum are kept in it. That is max_tokens * (HV * (K + V + 64) + 2 * HK * K)
-    elements plus max_tokens * HV floats; nothing of size T/64 * HV * V * K. The workspace only
-    carries data between the two kernels of one call, so one serves every layer.
+    Per token: T' [HV, 64] (its row of its chunk's (I + A)^-1 diag(beta)), P [HV, 64] (the decayed
+    causal q.k row of its chunk), the chunk-local cumsum of g [HV] (fp32), and the normalised q and
+    k of each key head ([HK, K] each; pass ``HK`` to size them, default room for HK = HV).
+    ``dtype`` is the input dtype of q, k, v; all but the cumsum are kept in it. That is
+    max_tokens * (HV * 128 + 2 * HK * K) elements plus max_tokens * HV floats; nothing of size
+    T/64 * HV * V * K. The workspace only carries data between the two kernels of one call, so
+    one serves every layer.
     """
 
     def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None):
@@ -39,8 +40,7 @@ class ChunkWorkspace:
         self.dtype, self.device = dtype, torch.device(device)
         n = self.max_tokens
         mk = dict(dtype=dtype, device=device)
-        self.w = torch.empty(n, HV, K, **mk)
-        self.u = torch.empty(n, HV, V, **mk)
+        self.t = torch.empty(n, HV, CHUNK, **mk)
         self.p = torch.empty(n, HV, CHUNK, **mk)
         self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
         self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
@@ -50,7 +50,7 @@ class ChunkWorkspace:
         self.fi = None
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w, self.u, self.p, self.g, self.qs, self.kn))
+        return sum(t.numel() * t.element_size() for t in (self.t, self.p, self.g, self.qs, self.kn))
 
 
 def check_workspace(fn: str, ws, T: int, HK: int, HV: int, K: int, V: int, dtype, device):
@@ -61,8 +61,8 @@ def check_workspace(fn: str, ws, T: int, HK: int, HV: int, K: int, V: int, dtype
     if (ws.HV, ws.K, ws.V) != (HV, K, V) or ws.HK < HK or ws.dtype != dtype or ws.max_tokens < T:
         fail(fn, f"workspace (max_tokens={ws.max_tokens}, HV={ws.HV}, HK<={ws.HK}, K={ws.K}, "
              f"V={ws.V}, {ws.dtype}) does not fit T={T}, HV={HV}, HK={HK}, K={K}, V={V}, {dtype}")
-    if ws.w.device != device:
-        fail(fn, f"workspace is on {ws.w.device}, inputs on {device}")
+    if ws.t.device != device:
+        fail(fn, f"workspace is on {ws.t.device}, inputs on {device}")
 
 
 @dataclass(frozen=True)

@@ -267,10 +267,12 @@ def mtok(T, ms):
 # ---------------------------------------------------------------------------------------------
 
 def bench_ours(torch, triton, case, quick, cfg=None):
-    from gdn_graphs.ops.chunk import DEFAULT_CONFIG, chunk_intra_fwd, chunk_seq_fwd, gdn_chunk_prefill
+    """cfg None: the knobs the library picks for this many sequences (chunk_config)."""
+    from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_seq_fwd, gdn_chunk_prefill
+    from gdn_graphs.ops.workspace import chunk_config
 
-    cfg = cfg or DEFAULT_CONFIG
-    res = {}
+    cfg = cfg or chunk_config(case.nseq, torch.bfloat16)
+    res = dict(config=dict(bv=cfg.bv, warps_seq=cfg.warps_seq, stages=cfg.stages_for(torch.bfloat16)))
     for name, _ in MODES:
         meta = case.metas[name]
 
@@ -935,7 +937,9 @@ def print_table(results, sweep_only=False):
                   f"{o['checkpoints']:6d} {cost:>9}")
         if "peak_extra_MiB" in r.get("ours", {}):
             print(f"{shape:>12} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
-                  f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)")
+                  f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)"
+                  + (" knobs bv {bv} / {warps_seq} warps / {stages} stages".format(**r["ours"]["config"])
+                     if "config" in r["ours"] else ""))
     print("\nside by side (vs ours: ours' time at the same checkpoint mode / this column's, > 1: "
           "faster than ours; the no-checkpoint columns against ours off)")
     hdr = f"{'shape':>12} {'column':>16} {'ms':>8} {'Mtok/s':>8} {'vs ours':>7}  notes"

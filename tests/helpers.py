@@ -170,7 +170,7 @@ def guarded_workspace(T, HV, K, V, dtype, device="cpu", HK=None):
     outside the tensors): (workspace, check) where check() asserts that no guard changed."""
     ws = ChunkWorkspace(T, HV, K, V, dtype, device, HK=HK)
     bufs = {}
-    for name in ("w", "u", "p", "g", "qs", "kn"):
+    for name in ("t", "p", "g", "qs", "kn"):
         t = getattr(ws, name)
         buf = torch.full((T + 2 * MARGIN, *t.shape[1:]), float("nan"), dtype=t.dtype,
                          device=device)

@@ -542,3 +542,15 @@ def test_gpu_every_accepted_config_matches_default(gpu):
     bad = [c for c, (o, p) in results.items()
            if not (torch.equal(o, ref_out) and torch.equal(p.nan_to_num(7.0), ref_pool.nan_to_num(7.0)))]
     assert not bad, f"configs that differ from the default: {bad}"
+
+
+def test_chunk_config_by_sequence_count():
+    """Several prefill sequences with 16-bit inputs get the wider V tile; one sequence, an unknown
+    count (a graph template) and fp32 inputs keep the default (bit-identical either way: the GPU
+    test above)."""
+    from gdn_graphs.ops.workspace import MANY_SEQS_CONFIG, chunk_config
+    bf16 = torch.bfloat16
+    assert MANY_SEQS_CONFIG.bv == 64 and MANY_SEQS_CONFIG != ChunkConfig()
+    assert chunk_config(None, bf16) == chunk_config(1, bf16) == chunk_config(0, bf16) == ChunkConfig()
+    assert chunk_config(2, bf16) == chunk_config(64, torch.float16) == MANY_SEQS_CONFIG
+    assert chunk_config(8, torch.float32) == ChunkConfig()

@@ -20,6 +20,7 @@ from triton.backends.compiler import BaseBackend
 
 import fi_standin
 from gdn_graphs.ops import chunk, conv, decode, fi_kernels
+from gdn_graphs.ops import workspace as chunk_workspace
 from gdn_graphs.ops.chunk import ChunkWorkspace
 from gdn_graphs.ops.fi_prefill import FiWorkspace
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
@@ -89,9 +90,12 @@ def engine_inputs(T, style, dtype):
 
 @pytest.mark.parametrize("style,fi", [("qwen3_next", False), ("qwen3_5", False),
                                       ("qwen3_next", True), ("qwen3_5", True)])
-def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi):
+def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi, monkeypatch):
     """fi: the workspace carries a FiWorkspace (FlashInfer's prefill path, the torch stand-in in
-    FlashInfer's place): steps whose prefill starts are 64-aligned run its kernels."""
+    FlashInfer's place): steps whose prefill starts are 64-aligned run its kernels. Steps of
+    several prefill rows launch other knobs (chunk_config); at these small dims bv 64 would be
+    clipped to V = 32, so a V tile of 16 stands in for it and makes the two keys differ."""
+    monkeypatch.setattr(chunk_workspace, "MANY_SEQS_CONFIG", chunk_workspace.ChunkConfig(bv=16))
     dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
     torch.manual_seed(0)
     page = (W - 1) * C * 2 + HV * V * K * 4 + 4096   # padded to a larger attention page
@@ -117,6 +121,7 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi
         ([1] * 16, list(range(100, 116))),
         ([1] * 20, list(range(200, 220))),
         ([5], [250]),                              # a short warm prefill
+        ([1, 90, 40], [303, 0, 20]),               # a decode and two prefills (other knobs)
     ]
     if fi:  # prefills from block and 64-aligned starts, after decode rows (FlashInfer path)
         steps += [([1, 200], [303, 128]), ([1, 1, 64], [304, 130, 192]), ([70, 64], [0, 256])]

@@ -62,7 +62,8 @@ from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_D
                                    dot_like_gpu, fail, gdn_gate, interpreting, inv_l2norm, report,
                                    slot_ok, span_chunks)
 from gdn_graphs.ops.meta import ChunkMeta
-from gdn_graphs.ops.workspace import DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace
+from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace,
+                                      chunk_config)
 
 __all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace", "chunk_intra_fwd",
            "chunk_seq_fwd"]
@@ -470,7 +471,8 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
             live rows get the outputs, padding rows (>= cu_seqlens[-1]) zeros.
         scale: query scale, default K ** -0.5.
         workspace: ChunkWorkspace (max_tokens >= T, same HV, K, V, input dtype); default: a new one.
-        config: ChunkConfig launch knobs.
+        config: ChunkConfig launch knobs (default: chunk_config(meta.num_seqs, q.dtype); every
+            config gives the same bits).
         error_flag: optional int32 [>= 1]; gdn_graphs.ops.common's codes are OR-ed into element 0.
     Returns ``out``. Graph-safe: no host sync and no allocation when out and workspace are given.
     """
@@ -478,7 +480,7 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     check_flag("gdn_chunk_prefill", error_flag, q.device, ref="q")
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    cfg = DEFAULT_CONFIG if config is None else config
+    cfg = chunk_config(meta.num_seqs, q.dtype) if config is None else config
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if T == 0:

@@ -14,7 +14,8 @@ import torch
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import FLOAT_DTYPES, fail
 
-__all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG"]
+__all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG", "MANY_SEQS_CONFIG",
+           "chunk_config"]
 
 
 class ChunkWorkspace:
@@ -76,8 +77,9 @@ class ChunkConfig:
     registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
     inputs, "tf32" otherwise). The interpreter always computes in fp32.
 
-    Defaults and limits, from a sweep on an H200: bv 32 with 4 warps and 3 stages was the fastest
-    config for bf16 inputs (8 intra warps were slower). fp32 inputs need twice the shared memory
+    Defaults and limits, from sweeps on an H200: bv 32 with 4 warps and 3 stages was the fastest
+    config for bf16 inputs with one sequence (8 intra warps were slower); with several sequences
+    bv 64 is (MANY_SEQS_CONFIG, picked by chunk_config). fp32 inputs need twice the shared memory
     per stage and 3 stages do not fit in an H200's 227 KB, so ``stages=None`` means 3 for 16-bit
     inputs and 2 for fp32. ``stages=1`` is refused: with Triton 3.6 on an H200 it gave wrong
     outputs (and once an illegal memory access), while every pipelined config matched the default
@@ -112,3 +114,22 @@ class ChunkConfig:
 
 
 DEFAULT_CONFIG = ChunkConfig()
+
+
+MANY_SEQS_CONFIG = ChunkConfig(bv=64)
+"""For steps of two or more prefill sequences with 16-bit inputs: a V tile of 64 halves the
+programs that re-read each chunk's q, k, T' and P. On an H200 (HV 32 / 16, bf16, a state every
+256 tokens; profiling/results/2026-12-02/SUMMARY.md) it was the fastest config at 2 x 4096,
+8 x 2048, 32 x 512 and 4 x 16384 at both TP 1 and TP 2 (1.16-1.25x the default), and slower
+with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0.88x / 0.83x)."""
+
+
+def chunk_config(num_seqs: int | None, dtype: torch.dtype) -> ChunkConfig:
+    """The launch knobs for a prefill of ``num_seqs`` sequences (a host count; None where it is
+    not known, as in a CUDA-graph template) with inputs of ``dtype``. Every config computes the
+    same bits (V tiles are independent columns of the same products), so the choice changes
+    speed only, never a stored state: warm == cold holds across steps that chose differently.
+    An engine's warm-up must launch both (gdn_graphs.vllm.warmup does)."""
+    if num_seqs is not None and num_seqs >= 2 and dtype != torch.float32:
+        return MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 needs twice the shared memory)
+    return DEFAULT_CONFIG

@@ -41,6 +41,7 @@ from gdn_graphs.ops.conv import conv_decode, conv_prefill
 from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.fi_prefill import fi_route, gdn_fi_prefill
+from gdn_graphs.ops.workspace import chunk_config
 from gdn_graphs.runtime.step import GDNStep
 
 __all__ = ["GDNWeights", "GDNPools", "StepContext", "step_context", "get_step_context",
@@ -158,8 +159,13 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
                 gdn_fi_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
                                out[sl], workspace.fi, error_flag=flag, num_seqs=fi[1], every=fi[0])
             else:
+                # launch knobs by the host count of prefill rows (a template without its host
+                # plan: the default); every config computes the same bits
+                host = getattr(step, "host", None)
+                cfg = chunk_config(None if host is None else host.num_prefills, q.dtype)
                 gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm,
-                                  step.prefill, out=out[sl], workspace=workspace, error_flag=flag)
+                                  step.prefill, out=out[sl], workspace=workspace, config=cfg,
+                                  error_flag=flag)
     if nd + n_pre < T:
         out[nd + n_pre:].zero_()
     return out

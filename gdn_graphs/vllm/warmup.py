@@ -11,6 +11,7 @@ forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the 
 projections) and pools laid out like the engine's state pages (the caller builds them: for vLLM
 0.26, ``gdn_graphs.vllm.v0_26.pages.cache_views``). Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
 (1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding), the
+same two with two prefill rows (the chunk kernels' launch knobs for several sequences), the
 same two with the prefill row from position 0 when the workspace carries a FiWorkspace (the
 FlashInfer prefill path: its kernels and FlashInfer's compile), and a pure decode for each decode
 tile the kernel picks by row count; with speculative decoding also spec rows of 1 + k tokens for
@@ -79,7 +80,7 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         return False
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
-    T = max(2 + n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
+    T = max(2 + 2 * n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
     if like is None:
         like = (torch.zeros(T, C, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device),
@@ -106,6 +107,10 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     # 16-byte alignment can differ), a prefill row from position 37, padding after it
     for nd in (1, 2):
         step([*range(nd + 1), nd + n_pre], [5] * nd + [37])
+    # two prefill rows: the launch knobs for several sequences (gdn_graphs.ops.workspace.
+    # chunk_config), after the same two decode offsets
+    for nd in (1, 2):
+        step([*range(nd + 1), nd + n_pre, nd + 2 * n_pre], [5] * nd + [37, 37])
     if getattr(workspace, "fi", None) is not None:
         # the FlashInfer path (a prefill row from position 0: fi_route takes it): its three
         # Triton kernels at both input offsets, and FlashInfer's own compile (8-17 s, once: its

@@ -2,9 +2,10 @@
 
 Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs exit at once):
 
-``_chunk_intra_kernel`` (one program per (chunk, value head), fully parallel)
-    For one chunk of at most 64 tokens: gating g and beta, the chunk-local cumsum gc of g, the
-    l2-normalised q (times scale) and k, the matrix A[t, s] = beta_t exp(gc_t - gc_s) k_t.k_s
+``_chunk_intra_kernel`` (one program per (chunk, key head), fully parallel)
+    For one chunk of at most 64 tokens: the l2-normalised q (times scale) and k of the key head
+    and K K^T, Q K^T; then for each of its value heads gating g and beta, the chunk-local cumsum
+    gc of g, the matrix A[t, s] = beta_t exp(gc_t - gc_s) k_t.k_s
     (s < t), T' = (I + A)^-1 diag(beta) and P[t, s] = exp(gc_t - gc_s) q_t.k_s (s <= t). These
     go to a ChunkWorkspace, indexed by flat token. It also writes zeros to the output rows of
     padding tokens (beyond cu_seqlens[-1]). It does not read v.
@@ -104,10 +105,9 @@ def _chunk_intra_kernel(
 ):
     G: tl.constexpr = HV // HK
     pid = tl.program_id(0)
-    i_h = pid % HV
-    i_c = pid // HV
-    n_cprog = tl.num_programs(0) // HV
-    i_hk = i_h // G
+    i_hk = pid % HK
+    i_c = pid // HK
+    n_cprog = tl.num_programs(0) // HK
 
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -116,7 +116,7 @@ def _chunk_intra_kernel(
     m_v = o_v < V
 
     # Padding tokens (beyond the live batch) get zero outputs; their tiles are shared out over
-    # all programs of this head with a grid-stride loop, so any T works with any grid.
+    # all programs of this key head with a grid-stride loop, so any T works with any grid.
     # (the live end clipped to [0, T]: the loop stays inside out and ends within cdiv(T, BC) tiles)
     t_live0 = tl.load(cu_seqlens + max_seqs)
     t_live = tl.minimum(tl.maximum(t_live0, 0), T)
@@ -126,9 +126,10 @@ def _chunk_intra_kernel(
     tile = i_c
     while tile < n_pad:
         rows = t_live + tile * BC + o_c
-        p_o = out + rows.to(tl.int64)[:, None] * s_ot + i_h * V + o_v[None, :]
-        tl.store(p_o, tl.zeros([BC, BVF], dtype=out.dtype.element_ty),
-                 mask=(rows < T)[:, None] & m_v[None, :])
+        for j in tl.static_range(G):
+            p_o = out + rows.to(tl.int64)[:, None] * s_ot + (i_hk * G + j) * V + o_v[None, :]
+            tl.store(p_o, tl.zeros([BC, BVF], dtype=out.dtype.element_ty),
+                     mask=(rows < T)[:, None] & m_v[None, :])
         tile += n_cprog
 
     if i_c >= max_chunks:
@@ -152,16 +153,8 @@ def _chunk_intra_kernel(
     _, m_t, rows = _chunk_rows(bos, eos, off, i_j, o_c, BC)
     m_tk = m_t[:, None] & m_k[None, :]
 
-    # gates (fp32); invalid rows get g = 0 and beta = 0 so they change nothing
-    b_a = tl.load(a + rows * s_at + i_h, mask=m_t, other=0.).to(tl.float32)
-    b_b = tl.load(b + rows * s_bt + i_h, mask=m_t, other=0.).to(tl.float32)
-    neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
-    b_g, b_beta = gdn_gate(b_a, b_b, neg_A, tl.load(dt_bias + i_h).to(tl.float32))
-    b_g = tl.where(m_t, b_g, 0.)
-    b_beta = tl.where(m_t, b_beta, 0.)
-    b_gc = tl.cumsum(b_g, 0)
-
-    # l2-normalised k and scaled q, in fp32 then in the operand dtype
+    # l2-normalised k and scaled q, in fp32 then in the operand dtype: once per key head, shared
+    # by its G value heads with the two products that depend on them only
     b_k = tl.load(k + rows[:, None] * s_kt + i_hk * K + o_k[None, :], mask=m_tk, other=0.)
     b_k = b_k.to(tl.float32)
     b_k = b_k * inv_l2norm(b_k, 1)[:, None]
@@ -171,25 +164,54 @@ def _chunk_intra_kernel(
     DT: tl.constexpr = t_ws.dtype.element_ty
     b_kb = cast_like_gpu(b_k, DT, INTERPRET)
     b_qb = cast_like_gpu(b_q, DT, INTERPRET)
-    if i_h % G == 0:  # one value head per key head stores the shared normalised q and k
-        p_hk = rows[:, None] * (HK * K) + i_hk * K + o_k[None, :]
-        tl.store(qs_ws + p_hk, b_qb, mask=m_tk)
-        tl.store(kn_ws + p_hk, b_kb, mask=m_tk)
-
+    p_hk = rows[:, None] * (HK * K) + i_hk * K + o_k[None, :]
+    tl.store(qs_ws + p_hk, b_qb, mask=m_tk)
+    tl.store(kn_ws + p_hk, b_kb, mask=m_tk)
     b_kk = dot_like_gpu(b_kb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
     b_qk = dot_like_gpu(b_qb, tl.trans(b_kb), None, DOT_PREC, INTERPRET)
+    # P of every value head first, so that Q K^T is dead before the inverses (it would spill);
+    # loops, not unrolled: one value head's temporaries live at a time
+    for j in range(G):
+        i_h = i_hk * G + j
+        b_gc, b_beta, b_dec = _intra_gates(i_h, rows, m_t, a, b, A_log, dt_bias, s_at, s_bt, BC)
+        tl.store(p_ws + rows[:, None] * (HV * BC) + i_h * BC + o_c[None, :],
+                 cast_like_gpu(b_dec * b_qk, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
+        tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
+    for j in range(G):
+        _intra_inverse(b_kk, i_hk * G + j, rows, m_t, a, b, A_log, dt_bias, t_ws, s_at, s_bt,
+                       HV, BC, INV_PREC, INTERPRET)
 
+
+@triton.jit
+def _intra_gates(i_h, rows, m_t, a, b, A_log, dt_bias, s_at, s_bt, BC: tl.constexpr):
+    """Value head i_h's gates on a chunk's rows (fp32; invalid rows get g = 0 and beta = 0 so
+    they change nothing): the cumsum gc of g, beta, and the decay exp(gc_t - gc_s) for s <= t
+    (<= 1: g <= 0), zero above the diagonal (masking before exp keeps that half from
+    overflowing)."""
+    b_a = tl.load(a + rows * s_at + i_h, mask=m_t, other=0.).to(tl.float32)
+    b_b = tl.load(b + rows * s_bt + i_h, mask=m_t, other=0.).to(tl.float32)
+    neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
+    b_g, b_beta = gdn_gate(b_a, b_b, neg_A, tl.load(dt_bias + i_h).to(tl.float32))
+    b_g = tl.where(m_t, b_g, 0.)
+    b_beta = tl.where(m_t, b_beta, 0.)
+    b_gc = tl.cumsum(b_g, 0)
+    o_c = tl.arange(0, BC)
+    m_le = o_c[None, :] <= o_c[:, None]
+    b_dec = tl.where(m_le, tl.exp(tl.where(m_le, b_gc[:, None] - b_gc[None, :], 0.)), 0.)
+    return b_gc, b_beta, b_dec
+
+
+@triton.jit
+def _intra_inverse(b_kk, i_h, rows, m_t, a, b, A_log, dt_bias, t_ws, s_at, s_bt,
+                   HV: tl.constexpr, BC: tl.constexpr, INV_PREC: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Value head i_h's T' = (I + A)^-1 diag(beta) of a chunk into the workspace (b_kk: K K^T
+    of its key head's normalised rows)."""
+    b_gc, b_beta, b_dec = _intra_gates(i_h, rows, m_t, a, b, A_log, dt_bias, s_at, s_bt, BC)
+    o_c = tl.arange(0, BC)
     r = o_c[:, None]
     c = o_c[None, :]
-    m_le = c <= r
-    # exp(gc_t - gc_s) for s <= t (<= 1: g <= 0), zero above the diagonal; masking before exp
-    # keeps the discarded half from overflowing
-    b_dec = tl.where(m_le, tl.exp(tl.where(m_le, b_gc[:, None] - b_gc[None, :], 0.)), 0.)
     b_A = tl.where(c < r, b_dec * b_kk * b_beta[:, None], 0.)
-    b_P = b_dec * b_qk
-    tl.store(p_ws + rows[:, None] * (HV * BC) + i_h * BC + c,
-             cast_like_gpu(b_P, p_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
-    tl.store(g_ws + rows * HV + i_h, b_gc, mask=m_t)
 
     # (I + A)^-1. First D, the inverse of A's block diagonal: the four 16 x 16 diagonal blocks as
     # a [4, 16, 16] batch, Ad[i] = A[16i:16i+16, 16i:16i+16], inverted by forward substitution on
@@ -217,7 +239,7 @@ def _chunk_intra_kernel(
     # T' = T diag(beta), the chunk's whole contribution to v_new (the seq kernel forms
     # v_new = T' (v - exp(gc) k S0^T)): 64 values a row instead of the WY factors' K + V
     tl.store(t_ws + rows[:, None] * (HV * BC) + i_h * BC + c,
-             cast_like_gpu(b_T * b_beta[None, :], DT, INTERPRET), mask=m_t[:, None])
+             cast_like_gpu(b_T * b_beta[None, :], t_ws.dtype.element_ty, INTERPRET), mask=m_t[:, None])
 
 
 @triton.jit
@@ -410,7 +432,7 @@ def chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: C
     T, HK, K = q.shape
     HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)
-    return _chunk_intra_kernel[(n_cprog * HV,)](
+    return _chunk_intra_kernel[(n_cprog * HK,)](
         q, k, a, b, A_log, dt_bias, out,
         ws.t, ws.p, ws.g, ws.qs, ws.kn,
         meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,

@@ -42,8 +42,9 @@ each repair ORs a code into the optional ``error_flag``. Only scalar arithmetic 
 existing accesses: valid inputs compute exactly what they did.
 
 Precision: bf16/fp16 inputs use 16-bit tensor-core operands with fp32 accumulation (the workspace
-holds T', P, q, k in the input dtype, and v - exp(gc) k S0^T is rounded to it before the T' product; ~4e-3 relative error against fp64 at K = V = 128), the
-in-chunk inverse uses tf32 dots on fp32 values, and the state always accumulates in fp32. fp32
+holds T', P, q, k in the input dtype, and v - exp(gc) k S0^T is rounded to it before the T'
+product; ~4e-3 relative error against fp64 at K = V = 128), the in-chunk inverse uses tf32 dots
+on fp32 values, and the state always accumulates in fp32. fp32
 inputs use "tf32x3" dots on the GPU (ChunkConfig can ask for "ieee"). Under the Triton
 interpreter every dot runs in fp32 on operands already rounded like the GPU's, so the CPU tier sees
 the GPU's bf16 arithmetic up to summation order.
@@ -206,7 +207,8 @@ def _intra_inverse(b_kk, i_h, rows, m_t, a, b, A_log, dt_bias, t_ws, s_at, s_bt,
                    HV: tl.constexpr, BC: tl.constexpr, INV_PREC: tl.constexpr,
                    INTERPRET: tl.constexpr):
     """Value head i_h's T' = (I + A)^-1 diag(beta) of a chunk into the workspace (b_kk: K K^T
-    of its key head's normalised rows)."""
+    of its key head's normalised rows). Its gates are computed again here: 64 loads and
+    exponentials a head, cheaper than keeping them live across the other head's inverse."""
     b_gc, b_beta, b_dec = _intra_gates(i_h, rows, m_t, a, b, A_log, dt_bias, s_at, s_bt, BC)
     o_c = tl.arange(0, BC)
     r = o_c[:, None]

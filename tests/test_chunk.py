@@ -313,6 +313,10 @@ def test_bad_inputs_raise(device):
     bad(meta=dataclasses.replace(meta, block_size=0))
     bad(meta=dataclasses.replace(meta, read_slot=meta.read_slot.long()))  # int32 metadata
     bad(out=torch.zeros(70, HV, V + 1, device=device))                  # out shape
+    qkv = torch.zeros(70, (2 * HK * K + HV * V), device=device)         # out overlapping v
+    vv = qkv[:, 2 * HK * K:].unflatten(1, (HV, V))
+    bad(q=qkv[:, :HK * K].unflatten(1, (HK, K)), k=qkv[:, HK * K:2 * HK * K].unflatten(1, (HK, K)),
+        v=vv, out=vv)
     bad(workspace=ChunkWorkspace(69, HV, K, V, torch.float32, device))  # too small
     bad(workspace=ChunkWorkspace(70, HV, K, V, torch.bfloat16, device))  # wrong dtype
     with pytest.raises(ValueError):

@@ -178,6 +178,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def overlaps(a, b) -> bool:
+    """Whether two tensors' memory ranges intersect (metadata only)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        hi = lo + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())))
+        return lo, hi
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def fail(fn: str, msg: str):
     """Raise the ValueError of a failed check on the arguments of public function ``fn``."""
     raise ValueError(f"{fn}: {msg}")

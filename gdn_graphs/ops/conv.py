@@ -43,7 +43,7 @@ import triton.language as tl
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES,
                                    bad_slot, check_flag, check_meta, check_slots, clip_pos,
-                                   clip_span, fail, report, slot_ok, span_chunks)
+                                   clip_span, fail, overlaps, report, slot_ok, span_chunks)
 
 __all__ = ["conv_decode", "conv_prefill"]
 
@@ -337,18 +337,6 @@ def _check_common(fn, x, weight, bias, conv, out, activation, rows_name):
             fail(fn, f"{name} is on {t.device}, x on {x.device}")
 
 
-def _overlaps(a, b):
-    """Whether two tensors' memory ranges intersect (metadata only)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    def span(t):
-        lo = t.data_ptr()
-        hi = lo + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())))
-        return lo, hi
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
-
-
 def _block_c(fn, block_c, default, C):
     """The channel tile: ``block_c``, or ``default`` capped at C rounded up to a power of two."""
     bc = min(default, triton.next_power_of_2(C)) if block_c is None else block_c
@@ -422,7 +410,7 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
     check_slots("conv_decode", "read_slot", read_slot, N, x.device, ref="x")
     check_slots("conv_decode", "write_slot", write_slot, N, x.device, ref="x")
     check_flag("conv_decode", error_flag, x.device, ref="x")
-    if out is not None and _overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
+    if out is not None and overlaps(out, x) and (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
         fail("conv_decode", "out must be x itself or not overlap it")
     if out is None:
         out = torch.empty((N, C), dtype=x.dtype, device=x.device)
@@ -464,7 +452,7 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
     T, C = x.shape
     check_meta("conv_prefill", meta, x.device, T, ref="x")
     check_flag("conv_prefill", error_flag, x.device, ref="x")
-    if out is not None and _overlaps(out, x):
+    if out is not None and overlaps(out, x):
         fail("conv_prefill", "out must not overlap x: prefill programs read neighbouring tokens of x")
     if out is None:
         out = torch.empty((T, C), dtype=x.dtype, device=x.device)

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from gdn_graphs.ops.common import (ERR_SLOT_C, ERR_TOKENS_C, bad_slot, check_flag, check_slots,
-                                   clip_span, fail, report, slot_ok)
-from gdn_graphs.ops.conv import _block_c, _check_common, _overlaps
+                                   clip_span, fail, overlaps, report, slot_ok)
+from gdn_graphs.ops.conv import _block_c, _check_common
 
 __all__ = ["conv_decode_multi"]
 
@@ -127,7 +127,7 @@ def conv_decode_multi(x, weight, bias, conv, cu_seqlens, read_slot, write_slots,
     check_slots(fn, "read_slot", read_slot, N, x.device, ref="x")
     check_slots(fn, "write_slots", write_slots, N, x.device, ref="x", ndim=2)
     check_flag(fn, error_flag, x.device, ref="x")
-    if out is not None and _overlaps(out, x):
+    if out is not None and overlaps(out, x):
         fail(fn, "out must not overlap x")
     if out is None:
         out = torch.empty((T, C), dtype=x.dtype, device=x.device)

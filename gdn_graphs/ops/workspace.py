@@ -131,5 +131,5 @@ def chunk_config(num_seqs: int | None, dtype: torch.dtype) -> ChunkConfig:
     speed only, never a stored state: warm == cold holds across steps that chose differently.
     An engine's warm-up must launch both (gdn_graphs.vllm.warmup does)."""
     if num_seqs is not None and num_seqs >= 2 and dtype != torch.float32:
-        return MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 needs twice the shared memory)
+        return MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 was never compiled or timed for them)
     return DEFAULT_CONFIG

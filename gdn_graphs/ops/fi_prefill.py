@@ -1,8 +1,11 @@
 """GatedDeltaNet chunk prefill on FlashInfer's kernel, with gdn_chunk_prefill's contract.
 
 Where FlashInfer is present (an optional dependency: vLLM ships it; never required) its SM90 chunk
-prefill is ~4-5x faster than our Triton kernel at 8 x 2048 and 4 x 16384 on an H200
-(profiling/results/2026-12-01/SUMMARY.md). ``gdn_fi_prefill`` runs it inside our guarantees:
+prefill is 2-4x faster than our Triton kernel with several sequences on an H200 (kernel alone).
+``gdn_fi_prefill`` runs it inside our guarantees; on the GPU the whole call is 1.44x ours at
+8 x 2048, but issuing it costs 0.5-0.9 ms of host time (FlashInfer's CuTe-DSL argument handling
+0.2-0.35 ms of it), so calls of a few thousand tokens run at the host's pace
+(profiling/results/2026-12-02/SUMMARY.md, fourteenth stop). The steps:
 
     1. fi_prep     (Triton) l2-normalised q, k and contiguous v in the input dtype, alpha = exp(g)
                    and beta = sigmoid(b) in fp32, int64 cu_seqlens and checkpoint offsets, into a

@@ -1,4 +1,4 @@
-# one-off device probe of the fourteenth stop (run from the project root:
+# one-off device probe of the fourteenth stop, on d26696f with state_vk.patch (beside this file) applied: git apply profiling/results/2026-12-02/s14_vk/state_vk.patch; then from the project root:
 # python3 profiling/results/2026-12-02/s14_vk/probe_vk.py [--fi]): the sequential kernel with the
 # state as S [bv, K] (ChunkConfig.state_vk) against S^T per shape and TP, each config's bits
 # against the default, intra and seq timed apart; the intra kernel with parts of its inverse cut

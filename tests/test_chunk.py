@@ -315,8 +315,9 @@ def test_bad_inputs_raise(device):
     bad(out=torch.zeros(70, HV, V + 1, device=device))                  # out shape
     qkv = torch.zeros(70, (2 * HK * K + HV * V), device=device)         # out overlapping v
     vv = qkv[:, 2 * HK * K:].unflatten(1, (HV, V))
-    bad(q=qkv[:, :HK * K].unflatten(1, (HK, K)), k=qkv[:, HK * K:2 * HK * K].unflatten(1, (HK, K)),
-        v=vv, out=vv)
+    with pytest.raises(ValueError, match="out must not overlap"):  # (q's range spans v's rows)
+        gdn_chunk_prefill(**{**args, "q": qkv[:, :HK * K].unflatten(1, (HK, K)),
+                             "k": qkv[:, HK * K:2 * HK * K].unflatten(1, (HK, K)), "v": vv, "out": vv})
     bad(workspace=ChunkWorkspace(69, HV, K, V, torch.float32, device))  # too small
     bad(workspace=ChunkWorkspace(70, HV, K, V, torch.bfloat16, device))  # wrong dtype
     with pytest.raises(ValueError):

@@ -61,8 +61,8 @@ import triton.language as tl
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES, bad_slot,
                                    cast_like_gpu, check_flag, check_meta, clip_pos, clip_span,
-                                   dot_like_gpu, fail, gdn_gate, interpreting, inv_l2norm, overlaps, report,
-                                   slot_ok, span_chunks)
+                                   dot_like_gpu, fail, first_overlap, gdn_gate, interpreting,
+                                   inv_l2norm, report, slot_ok, span_chunks)
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace,
                                       chunk_config)
@@ -422,9 +422,9 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
         if out.stride(2) != 1 or out.stride(1) != V or out.device != q.device:
             _fail(f"out needs a contiguous last dim, head stride V and q's device, got strides {out.stride()}")
         # the seq kernel reads v (and the intra kernel q, k, a, b) while out is written
-        for name, t in dict(q=q, k=k, v=v, a=a, b=b).items():
-            if overlaps(out, t):
-                _fail(f"out must not overlap {name}")
+        name = first_overlap(out, dict(q=q, k=k, v=v, a=a, b=b))
+        if name is not None:
+            _fail(f"out must not overlap {name}")
     if workspace is not None:
         check_workspace("gdn_chunk_prefill", workspace, T, HK, HV, K, V, q.dtype, q.device)
 

@@ -178,17 +178,29 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _span(t):
+    """[first, last + 1) bytes of the memory a tensor's elements occupy (metadata only)."""
+    lo = t.data_ptr()
+    return lo, lo + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())))
+
+
 def overlaps(a, b) -> bool:
     """Whether two tensors' memory ranges intersect (metadata only)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
+    return first_overlap(a, {"b": b}) is not None
 
-    def span(t):
-        lo = t.data_ptr()
-        hi = lo + t.element_size() * (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())))
-        return lo, hi
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+
+def first_overlap(a, others: dict):
+    """The name of the first tensor of ``others`` whose memory range intersects ``a``'s, else
+    None (metadata only; ``a``'s range is computed once, as callers check it per layer)."""
+    if a.numel() == 0:
+        return None
+    a0, a1 = _span(a)
+    for name, b in others.items():
+        if b.numel() and b.device == a.device:
+            b0, b1 = _span(b)
+            if a0 < b1 and b0 < a1:
+                return name
+    return None
 
 
 def fail(fn: str, msg: str):

@@ -713,7 +713,7 @@ def make_ours_raw(BV, num_warps, maxnreg=None, info=None, nsub=1):
     def make(x, pool, rs, ws, out):
         o = out[:, 0]
         N = x.q.shape[0]
-        grid = (N, HV * triton.cdiv(V, BV * nsub))
+        grid = (N * HV * triton.cdiv(V, BV * nsub),)  # the kernel's flat grid
         kw = dict(num_warps=num_warps, NSUB=nsub, **({"maxnreg": maxnreg} if maxnreg else {}))
 
         def call():

@@ -14,10 +14,13 @@ Two public functions share one kernel:
                       as a token-by-token run through gdn_decode would see it) and optionally
                       stored after every token (speculative rows); rows with 0 tokens are padding
 
-Grid: ``(N, HV * cdiv(V, BV))``. Program (i, j) owns the ``[BV, K]`` tile of row i's state for value
-head ``j // cdiv(V, BV)``: the tile is read once and written once, and since every row of S only
-needs the full q and k of its key head (not other rows of S), tiles are independent. K is kept
-whole in one program so the reductions over K (S @ k, S @ q) never leave the program.
+Grid: ``N * HV * cdiv(V, BV)`` programs in one flat axis, a row's tiles fastest. Program
+``i * HV * cdiv(V, BV) + j`` owns the ``[BV, K]`` tile of row i's state for value head
+``j // cdiv(V, BV)``: the tile is read once and written once, and since every row of S only needs
+the full q and k of its key head (not other rows of S), tiles are independent. K is kept whole in
+one program so the reductions over K (S @ k, S @ q) never leave the program. The order is for
+DRAM: programs that run together read and write neighbouring tiles of one state, as a copy kernel
+does, where with the row fastest they touch tiles one slot stride apart.
 
 Nothing in the launchers synchronises, allocates (except ``out`` when it is None) or looks at tensor
 values, so both functions can be captured in CUDA graphs. Shapes, dtypes and strides are checked up
@@ -116,11 +119,15 @@ def _gdn_decode_kernel(
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_FLAG: tl.constexpr, NSUB: tl.constexpr = 1,
 ):
-    i_n = tl.program_id(0)
-    i_j = tl.program_id(1)
     # a program owns NSUB consecutive [BV, K] tiles of one head (NSUB > 1: one-token rows only)
     tl.static_assert((NSUB == 1) or (not IS_VARLEN))
     NV: tl.constexpr = (V + BV * NSUB - 1) // (BV * NSUB)
+    # one flat grid, a row's tiles fastest: programs launched together stream neighbouring
+    # tiles of one state, as a copy does (with the row fastest they read tiles one slot stride
+    # apart, a large power of two: fewer DRAM channels busy; module docstring)
+    pid = tl.program_id(0)
+    i_n = pid // (HV * NV)
+    i_j = pid % (HV * NV)
     i_hv = i_j // NV
     i_v = i_j % NV
     i_hk = i_hv // (HV // HK)
@@ -360,7 +367,7 @@ def _launch(q, k, v, a, b, A_log, dt_bias, ssm, out, cu_seqlens, read_slot, writ
     HK, K = q.shape[1], q.shape[2]
     HV, V = v.shape[1], v.shape[2]
     scale = K ** -0.5 if scale is None else float(scale)
-    grid = (N, HV * triton.cdiv(V, BV * nsub))
+    grid = (N * HV * triton.cdiv(V, BV * nsub),)
     _gdn_decode_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, ssm, out,
         cu_seqlens, read_slot, write_slots, error_flag,

@@ -657,33 +657,53 @@ def bench_via_fi(torch, triton, fi, case, quick, res):
     res["via_workspace_MiB"] = ws.nbytes() / MiB
     # every = B (all starts block-aligned), and for the first mode also every = 64: what a step
     # pays when one of its prefill rows starts mid-block (FlashInfer stores a state every 64
-    # tokens, the scatter keeps the block boundaries)
-    for name, every in [(m, None) for m, _ in MODES[1:]] + [(MODES[1][0], CHUNK_TOKENS)]:
-        meta = case.metas[name]
+    # tokens, the scatter keeps the block boundaries). First eagerly, then with fi_capture's
+    # graphs of FlashInfer's call (as the vLLM plugin runs it), the same calls again
+    calls = [(m, None) for m, _ in MODES[1:]] + [(MODES[1][0], CHUNK_TOKENS)]
+    eager_out = {}
+    for graphs in (False, True):
+        if graphs:
+            from gdn_graphs.ops.fi_prefill import fi_capture
+            try:
+                t0 = time.perf_counter()
+                res["via_graphs_made"] = sum(fi_capture(ws, B, fi_fn=fi["prefill"]) for _, B in MODES[1:])
+                res["via_capture_s"] = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001
+                res["via_capture_error"] = err_text(e)
+                break
+        for name, every in calls:
+            meta = case.metas[name]
 
-        def call(meta=meta, every=every):
-            return gdn_fi_prefill(*case.args()[:7], pool, meta, out, ws, fi_fn=fi["prefill"], every=every)
+            def call(meta=meta, every=every):
+                return gdn_fi_prefill(*case.args()[:7], pool, meta, out, ws, fi_fn=fi["prefill"],
+                                      every=every)
 
-        key = f"via {name}" + ("" if every is None else f" e{every}")
-        try:
-            t_first, _ = first_call_s(torch, call)
-            ms = bench_ms(triton, call, quick)
-            res[key] = r = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first)
-        except Exception as e:  # noqa: BLE001
-            res[key] = dict(error=err_text(e))
-            continue
-        try:
-            pool.zero_()
-            call()
-            gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws)
-            writes, ckpts = case.slots[name]
-            idx = torch.tensor(writes + [s for row in ckpts for s in row], device=DEVICE, dtype=torch.long)
-            r["slots_written"] = int(idx.numel())
-            r["rel_diff_out"] = rel(out, case.out)
-            r.update({k.replace("state", "pool"): d for k, d in
-                      state_diffs(pool.index_select(0, idx), case.pool.index_select(0, idx)).items()})
-        except Exception as e:  # noqa: BLE001
-            r["check_error"] = err_text(e)
+            key = f"via {name}" + ("" if every is None else f" e{every}") + (" graph" if graphs else "")
+            try:
+                n0 = dict(ws.calls)
+                t_first, _ = first_call_s(torch, call)
+                ms = bench_ms(triton, call, quick)
+                res[key] = r = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first,
+                                    calls={k: ws.calls[k] - n0[k] for k in n0})
+            except Exception as e:  # noqa: BLE001
+                res[key] = dict(error=err_text(e))
+                continue
+            try:
+                pool.zero_()
+                call()
+                if graphs and key[:-len(" graph")] in eager_out:
+                    r["same_bits_as_eager"] = bool(torch.equal(out, eager_out[key[:-len(" graph")]]))
+                elif not graphs:
+                    eager_out[key] = out.clone()
+                gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws)
+                writes, ckpts = case.slots[name]
+                idx = torch.tensor(writes + [s for row in ckpts for s in row], device=DEVICE, dtype=torch.long)
+                r["slots_written"] = int(idx.numel())
+                r["rel_diff_out"] = rel(out, case.out)
+                r.update({k.replace("state", "pool"): d for k, d in
+                          state_diffs(pool.index_select(0, idx), case.pool.index_select(0, idx)).items()})
+            except Exception as e:  # noqa: BLE001
+                r["check_error"] = err_text(e)
     del ws, out, pool
 
 
@@ -893,7 +913,12 @@ def format_row(shape, label, r, ours_ms=None):
 
 
 def via_fi_keys():
-    return [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]
+    keys = [f"via {m}" for m, _ in MODES[1:]] + [f"via {MODES[1][0]} e{CHUNK_TOKENS}"]
+    return keys + [k + " graph" for k in keys]
+
+
+def via_fi_label(key):
+    return key.replace("via", "via FI").replace(f" e{CHUNK_TOKENS}", " every 64")
 
 
 def ratios_vs_fi_off(ours, fi, vllm_fi=None):
@@ -903,8 +928,7 @@ def ratios_vs_fi_off(ours, fi, vllm_fi=None):
         return "n/a (FI off failed)"
     cols = [(f"ours {m}", ours.get(m)) for m, _ in MODES[1:]]
     cols += [(f"FI ckpt {m}", fi.get(f"ckpt {m}")) for m, _ in MODES[1:]]
-    cols += [(f"via FI {m}", fi.get(f"via {m}")) for m, _ in MODES[1:]]
-    cols += [(f"via FI {MODES[1][0]} every 64", fi.get(f"via {MODES[1][0]} e{CHUNK_TOKENS}"))]
+    cols += [(via_fi_label(key), fi.get(key)) for key in via_fi_keys()]
     cols += [("vLLM default (FI)", vllm_fi)]
     return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
 
@@ -912,8 +936,7 @@ def ratios_vs_fi_off(ours, fi, vllm_fi=None):
 def ratios_via_fi_vs_vllm_fi(fi, vllm_fi):
     """Speed of ours via FlashInfer (checkpoints included) relative to vLLM's default (> 1: faster)."""
     base = (vllm_fi or {}).get("ms")
-    cols = [(key.replace("via", "via FI").replace(f" e{CHUNK_TOKENS}", " every 64"), (fi or {}).get(key))
-            for key in via_fi_keys()]
+    cols = [(via_fi_label(key), (fi or {}).get(key)) for key in via_fi_keys()]
     return ", ".join(f"{label} {base / r['ms']:.2f}x" for label, r in cols if base and r and "ms" in r)
 
 

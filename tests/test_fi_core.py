@@ -163,7 +163,7 @@ kernels = [
      dict(ssm="*fp32", ck_states="*fp32", h_final="*fp32", cu64="*i64", ckcu="*i64")),
 ]
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
-ints = ("T", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots", "block_size")
+ints = ("T", "T_ws", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots", "block_size")
 for (heur, consts, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
     fn = heur.fn
     ck = compile_sm90(fn, consts, special, meta, ints, has_flag, num_warps=4)

@@ -20,7 +20,8 @@ import fi_standin
 from gdn_graphs.ops.chunk import gdn_chunk_prefill
 from gdn_graphs.ops.common import ERR_META, ERR_SLOT, ERR_TOKENS
 from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
-from gdn_graphs.ops.fi_prefill import FiWorkspace, fi_every, fi_unsupported, gdn_fi_prefill, load_fi
+from gdn_graphs.ops.fi_prefill import (FiWorkspace, fi_capture, fi_every, fi_intervals, fi_unsupported,
+                                      gdn_fi_prefill, load_fi)
 from gdn_graphs.ops.meta import chunk_meta, make_chunk_meta
 from gdn_graphs.ops.reference import gdn_gating, l2norm
 from helpers import assert_bits_equal, assert_only_slots_changed, guarded_pool, rel
@@ -264,11 +265,12 @@ def test_broken_fi_is_caught(device):
         _batch(device, 64, [(300, 0), (200, 128)], fi_fn=broken)
 
 
-def _warm_cold(device, fi_fn, L=512, B=256, cut=192, dims=DIMS):
+def _warm_cold(device, fi_fn, L=512, B=256, cut=192, dims=DIMS, ws=None):
     """Cold: [0, L) in one step (checkpoint at B, ...). Warm: [B, L) from the checkpoint slot at B.
     Two-step: [0, cut) then [cut, L) from its write slot (cut a 64-multiple inside block 0: the
     second step runs with every = fi_every(B, [cut]) < B). Each must repeat the cold run's outputs
-    and later states bit for bit."""
+    and later states bit for bit. ``ws``: one workspace for every step (default: an exact-size one
+    per step)."""
     HK, HV, K, V = dims
     inputs = make_inputs(L, HK, HV, K, V, BF, device, seed=11)
     pool = torch.zeros(16, HV, V, K, device=device)
@@ -280,10 +282,10 @@ def _warm_cold(device, fi_fn, L=512, B=256, cut=192, dims=DIMS):
         sl = slice(n, n + q_len)
         q, k, v, a, b = (x[sl] for x in inputs[:5])
         meta = chunk_meta([q_len], [n], [read], [write], [ckpts], B, device=device)
-        ws = FiWorkspace(q_len, 1, HK, HV, K, V, BF, device, max_checkpoints=max(1, q_len // 64))
+        w = ws or FiWorkspace(q_len, 1, HK, HV, K, V, BF, device, max_checkpoints=max(1, q_len // 64))
         out = torch.empty(q_len, HV, V, dtype=BF, device=device)
         flag = _flag(device)
-        gdn_fi_prefill(q, k, v, a, b, inputs[5], inputs[6], pool, meta, out, ws, every=every,
+        gdn_fi_prefill(q, k, v, a, b, inputs[5], inputs[6], pool, meta, out, w, every=every,
                        error_flag=flag, **kw)
         assert flag.item() == 0
         return out
@@ -304,6 +306,72 @@ def _warm_cold(device, fi_fn, L=512, B=256, cut=192, dims=DIMS):
 
 def test_fi_warm_equals_cold_standin(device):
     _warm_cold(device, fi_standin.chunk_gated_delta_rule)
+
+
+def test_fi_larger_workspace_with_leftovers_keeps_the_bits(device):
+    """The call runs over the whole workspace: one twice the step's size, full of an earlier
+    call's leftovers, gives what an exact-size one gives (stand-in; the GPU tier: the kernel)."""
+    _same_bits_across_workspaces(device, fi_standin.chunk_gated_delta_rule, dims=DIMS, graphs=False)
+
+
+def test_fi_intervals():
+    assert fi_intervals(256) == [64, 128, 256]
+    assert fi_intervals(576) == [64, 192, 576]
+    assert fi_intervals(1088) == [64, 1088]
+    assert all(fi_every(1024, [n]) in fi_intervals(1024) for n in range(0, 4096, 64))
+
+
+_STEPS = [  # (block size, (length, start) rows): several rows and intervals, then one row
+    (256, [(300, 0), (128, 256), (1, 128), (640, 384)]),
+    (256, [(500, 64), (70, 0), (192, 192), (1000, 0)]),
+    (256, [(1024, 0)]),
+]
+
+
+def _step_with(ws, B, seqs, fi_fn, seed):
+    """One step of ``seqs`` through gdn_fi_prefill on ``ws``: (out, pool), from a seeded pool."""
+    HK, HV, K, V = ws.HK, ws.HV, ws.K, ws.V
+    dev = ws.device
+    T = sum(L for L, _ in seqs)
+    inputs = make_inputs(T, HK, HV, K, V, BF, dev, seed=seed)
+    reads, writes, ckpts = plan(seqs, B, 48, random.Random(seed))
+    pool = torch.randn(48, HV, V, K, device=dev, generator=torch.Generator(dev).manual_seed(seed)) * 0.3
+    meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, B,
+                      device=dev, max_seqs=len(seqs) + 1)
+    out = torch.empty(T, HV, V, dtype=BF, device=dev)
+    flag = _flag(dev)
+    gdn_fi_prefill(*inputs[:5], inputs[5], inputs[6], pool, meta, out, ws,
+                   every=fi_every(B, [n for _, n in seqs]), fi_fn=fi_fn, error_flag=flag)
+    assert flag.item() == 0
+    return out, pool
+
+
+def _leftovers(ws, seed=5):
+    """Fill every buffer of ``ws`` with finite noise: what earlier calls may leave there."""
+    gen = torch.Generator(ws.device).manual_seed(seed)
+    for t in (ws.q, ws.k, ws.v, ws.out, ws.alpha, ws.beta, ws.h0, ws.ckpt):
+        t.copy_(torch.randn(t.shape, generator=gen, device=ws.device))
+
+
+def _same_bits_across_workspaces(device, fi_fn, dims, graphs):
+    HK, HV, K, V = dims
+    T_max = max(sum(L for L, _ in seqs) for _, seqs in _STEPS)
+
+    def make(n):
+        return FiWorkspace(n, 4, HK, HV, K, V, BF, device, max_checkpoints=n // 64)
+
+    big = make(2 * T_max)
+    if graphs:
+        assert fi_capture(big, 256) == 4 * len(fi_intervals(256))
+    _leftovers(big)
+    for i, (B, seqs) in enumerate(_STEPS + _STEPS[:1]):  # re-planned, replayed again
+        exact = make(sum(L for L, _ in seqs))
+        o1, p1 = _step_with(exact, B, seqs, fi_fn, seed=i % len(_STEPS))
+        o2, p2 = _step_with(big, B, seqs, fi_fn, seed=i % len(_STEPS))
+        assert_bits_equal(o2, o1, f"step {i} outputs")
+        assert_bits_equal(p2, p1, f"step {i} pool")
+    n = len(_STEPS) + 1
+    assert big.calls == ({"graph": n, "eager": 0} if graphs else {"graph": 0, "eager": n})
 
 
 def test_bad_arguments_raise(device):
@@ -371,4 +439,26 @@ def test_gpu_fi_warm_equals_cold(fi_gpu):
     """Real FlashInfer, 2048 tokens, B = 1024: warm from the slot at 1024 and two steps cut at 960
     (every 64) repeat the cold run bit for bit."""
     _warm_cold("cuda", fi_gpu, L=2048, B=1024, cut=960, dims=(2, 4, 128, 128))
+
+
+@pytest.mark.gpu
+def test_gpu_fi_graphs_and_workspace_size_keep_the_bits(fi_gpu):
+    """Real FlashInfer: steps through a workspace twice their size, full of leftovers, whose
+    FlashInfer call replays fi_capture's graphs (captured once, the steps re-planned and replayed
+    again), give what an exact-size workspace gives eagerly, bit for bit."""
+    _same_bits_across_workspaces("cuda", fi_gpu, dims=(2, 4, 128, 128), graphs=True)
+
+
+@pytest.mark.gpu
+def test_gpu_fi_larger_workspace_eager_keeps_the_bits(fi_gpu):
+    _same_bits_across_workspaces("cuda", fi_gpu, dims=(2, 4, 128, 128), graphs=False)
+
+
+@pytest.mark.gpu
+def test_gpu_fi_graph_warm_equals_cold(fi_gpu):
+    """Warm == cold when every call replays a graph: one captured workspace for all the steps."""
+    ws = FiWorkspace(2048 + 300, 1, 2, 4, 128, 128, BF, "cuda", max_checkpoints=2048 // 64)
+    assert fi_capture(ws, 1024) == len(fi_intervals(1024))
+    _warm_cold("cuda", fi_gpu, L=2048, B=1024, cut=960, dims=(2, 4, 128, 128), ws=ws)
+    assert ws.calls == {"graph": 4, "eager": 0}
 

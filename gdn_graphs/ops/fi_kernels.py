@@ -9,8 +9,10 @@ contract (views of the conv output, gate inputs a and b, a slot-indexed pool) to
     q, k -> l2-normalised (q not scaled: FlashInfer applies ``scale`` itself) in the input dtype;
     v copied contiguous; alpha = exp(g), beta = sigmoid(b) in fp32 for the key head's value heads;
     output rows past the live tokens zeroed (FlashInfer writes only its sequences' rows), and the
-    workspace rows there zeroed (FlashInfer's TMA tiles of a final partial chunk read them: masked
-    by coefficients, so they must be finite). Program (0, 0) also writes the int64 tables:
+    workspace rows there zeroed, up to ``T_ws`` (FlashInfer's TMA tiles of a final partial chunk
+    read up to 63 rows past a span: masked by coefficients, so they must be finite; zeros there
+    are what its loads read past the end of an exact-size tensor). Program (0, 0) also writes the
+    int64 tables:
     cu64 (cu_seqlens clipped to [0, T] and made non-decreasing) and ckcu, the exclusive cumsum
     of len_i // every (FlashInfer's checkpoint_cu_starts).
 ``_fi_gather_kernel`` (one program per (sequence, tile of its state))
@@ -26,7 +28,10 @@ contract (views of the conv output, gate inputs a and b, a slot-indexed pool) to
     ``every`` has no FlashInfer checkpoint on its block boundaries: it stores no checkpoint and
     reports ERR_META (the host chooses ``every`` so this does not happen).
 
-All grids depend on buffer sizes and host ints only; idle programs exit at once.
+All grids depend on buffer sizes and host ints only; idle programs exit at once. The gather and
+scatter grids are flat with a state's tiles fastest, so programs that run together copy
+neighbouring bytes of one state (gdn_decode's reason: a grid with the state index fastest makes
+them stride by whole states, and fewer DRAM channels work).
 """
 
 from __future__ import annotations
@@ -70,12 +75,12 @@ def _l2norm_rows(src, dst, r64, s_t, i_hk, o_k, m_tk, m_lk, HK: tl.constexpr, K:
 
 
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
-@triton.jit(do_not_specialize=["T", "num_seqs", "max_seqs", "every", "s_qt", "s_kt", "s_vt", "s_at",
-                               "s_bt", "s_ot"])
+@triton.jit(do_not_specialize=["T", "T_ws", "num_seqs", "max_seqs", "every", "s_qt", "s_kt", "s_vt",
+                               "s_at", "s_bt", "s_ot"])
 def _fi_prep_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     qn, kn, vc, alpha, beta, cu_seqlens, cu64, ckcu, error_flag,
-    T, num_seqs, max_seqs, every, s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
+    T, T_ws, num_seqs, max_seqs, every, s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
     INTERPRET: tl.constexpr, HAS_FLAG: tl.constexpr,
@@ -98,7 +103,7 @@ def _fi_prep_kernel(
                ERR_META_C, HAS_FLAG)
 
     rows = i_t * BT + tl.arange(0, BT)
-    m_t = rows < T
+    m_t = rows < T_ws  # workspace rows written (T_ws >= T)
     live = rows < t_live
     r64 = rows.to(tl.int64)
     o_k = tl.arange(0, BK)
@@ -117,7 +122,7 @@ def _fi_prep_kernel(
         x = tl.load(v + r64[:, None] * s_vt + i_h * V + o_v[None, :], mask=live[:, None] & m_v[None, :],
                     other=0.)
         tl.store(vc + r64[:, None] * (HV * V) + i_h * V + o_v[None, :], x.to(DT), mask=m_tv)
-        pad = m_t & (rows >= t_live)
+        pad = (rows < T) & (rows >= t_live)
         tl.store(out + r64[:, None] * s_ot + i_h * V + o_v[None, :],
                  tl.zeros([BT, BV], dtype=out.dtype.element_ty), mask=pad[:, None] & m_v[None, :])
         b_a = tl.load(a + r64 * s_at + i_h, mask=live, other=0.).to(tl.float32)
@@ -133,8 +138,9 @@ def _fi_prep_kernel(
 @triton.jit(do_not_specialize=["num_slots", "s_slot"])
 def _fi_gather_kernel(ssm, h0, read_slot, error_flag, num_slots, s_slot,
                       N_ELEM: tl.constexpr, TILE: tl.constexpr, HAS_FLAG: tl.constexpr):
-    i_n = tl.program_id(0)
-    i_e = tl.program_id(1)
+    N_TILE: tl.constexpr = (N_ELEM + TILE - 1) // TILE
+    i_n = tl.program_id(0) // N_TILE  # a state's tiles fastest (module docstring)
+    i_e = tl.program_id(0) % N_TILE
     o = i_e * TILE + tl.arange(0, TILE)
     slot = tl.load(read_slot + i_n)
     ok = slot_ok(slot, num_slots)  # only pool slots are dereferenced (else zeros)
@@ -159,8 +165,9 @@ def _fi_scatter_kernel(
     n_ck_prog, num_seqs, max_ckpts, num_slots, s_slot, every, block_size,
     N_ELEM: tl.constexpr, TILE: tl.constexpr, BS: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    i_e = tl.program_id(1)
+    N_TILE: tl.constexpr = (N_ELEM + TILE - 1) // TILE
+    pid = tl.program_id(0) // N_TILE  # a state's tiles fastest (module docstring)
+    i_e = tl.program_id(0) % N_TILE
     o = i_e * TILE + tl.arange(0, TILE)
     if pid < n_ck_prog:  # FlashInfer's checkpoint c = pid
         o_s = tl.arange(0, BS)
@@ -202,18 +209,20 @@ def _fi_scatter_kernel(
 
 
 def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: int, error_flag=None,
-            interpret: bool = False, block_t: int = 16, num_warps: int = 4):
-    """Launch the prep kernel (no checks; see gdn_fi_prefill): ws.q/k/v/alpha/beta[:T], ws.cu64,
-    ws.ckcu[:num_seqs + 1], out's padding rows."""
+            interpret: bool = False, block_t: int = 16, num_warps: int = 4, T_ws: int | None = None):
+    """Launch the prep kernel (no checks; see gdn_fi_prefill): ws.q/k/v/alpha/beta[:T_ws]
+    (default T = q.shape[0]; rows past the live tokens zeros, alpha 1), ws.cu64,
+    ws.ckcu[:num_seqs + 1], out's padding rows (of its first T)."""
     T, HK, K = q.shape
+    T_ws = T if T_ws is None else T_ws
     HV, V = v.shape[1], v.shape[2]
     # (the workspace's sequence capacity, not num_seqs: a constexpr that changed with the batch
     # would compile a new kernel after the warm-up)
     BS = triton.next_power_of_2(ws.max_seqs + 1)
-    _fi_prep_kernel[(triton.cdiv(T, block_t), HK)](
+    _fi_prep_kernel[(triton.cdiv(T_ws, block_t), HK)](
         q, k, v, a, b, A_log, dt_bias, out,
         ws.q, ws.k, ws.v, ws.alpha, ws.beta, meta.cu_seqlens, ws.cu64, ws.ckcu, error_flag,
-        T, num_seqs, meta.max_seqs, every,
+        T, T_ws, num_seqs, meta.max_seqs, every,
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
         BT=block_t, BS=BS, INTERPRET=interpret, num_warps=num_warps,
@@ -223,7 +232,7 @@ def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: 
 def fi_gather(ssm, ws, meta, num_seqs: int, error_flag=None):
     """Launch the gather of the initial states ws.h0[:num_seqs] from meta.read_slot."""
     n_elem = ssm[0].numel()
-    _fi_gather_kernel[(num_seqs, triton.cdiv(n_elem, STATE_TILE))](
+    _fi_gather_kernel[(num_seqs * triton.cdiv(n_elem, STATE_TILE),)](
         ssm, ws.h0, meta.read_slot, error_flag, ssm.shape[0], ssm.stride(0),
         N_ELEM=n_elem, TILE=STATE_TILE, num_warps=4)
 
@@ -232,7 +241,7 @@ def fi_scatter(ssm, ws, meta, num_seqs: int, n_ck: int, every: int, error_flag=N
     """Launch the scatter of ws.ckpt[:n_ck] (FlashInfer's checkpoints, every ``every`` tokens of
     each span) onto block boundaries and of ws.h0[:num_seqs] (final states) into write slots."""
     n_elem = ssm[0].numel()
-    _fi_scatter_kernel[(n_ck + num_seqs, triton.cdiv(n_elem, STATE_TILE))](
+    _fi_scatter_kernel[((n_ck + num_seqs) * triton.cdiv(n_elem, STATE_TILE),)](
         ssm, ws.ckpt, ws.h0, ws.cu64, ws.ckcu, meta.start_pos, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, error_flag, n_ck, num_seqs, meta.ckpt_slots.shape[0], ssm.shape[0],
         ssm.stride(0), every, meta.block_size,

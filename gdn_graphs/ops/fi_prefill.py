@@ -3,20 +3,32 @@
 Where FlashInfer is present (an optional dependency: vLLM ships it; never required) its SM90 chunk
 prefill is 2-4x faster than our Triton kernel with several sequences on an H200 (kernel alone).
 ``gdn_fi_prefill`` runs it inside our guarantees; on the GPU the whole call is 1.44x ours at
-8 x 2048, but issuing it costs 0.5-0.9 ms of host time (FlashInfer's CuTe-DSL argument handling
-0.2-0.35 ms of it), so calls of a few thousand tokens run at the host's pace
-(profiling/results/2026-12-02/SUMMARY.md, fourteenth stop). The steps:
+8 x 2048, but issuing FlashInfer's call eagerly costs 0.2-0.35 ms of host time (its CuTe-DSL
+argument handling), so calls of a few thousand tokens ran at the host's pace
+(profiling/results/2026-12-02/SUMMARY.md, fourteenth stop). ``fi_capture`` therefore captures
+that call once per (rows, checkpoint interval) in a CUDA graph over the workspace's persistent
+buffers; a call then replays it. The steps:
 
     1. fi_prep     (Triton) l2-normalised q, k and contiguous v in the input dtype, alpha = exp(g)
                    and beta = sigmoid(b) in fp32, int64 cu_seqlens and checkpoint offsets, into a
                    caller-owned FiWorkspace; padding rows of ``out`` zeroed
     2. fi_gather   (Triton) initial states from the read slots (FlashInfer's initial_state is one
                    state per sequence, not indexed by slot)
-    3. FlashInfer  chunk_gated_delta_rule(use_cp=False): outputs straight into ``out``, final
-                   states over the gathered initial states, a checkpoint every ``every`` tokens
-                   of each span into the workspace
+    3. FlashInfer  chunk_gated_delta_rule(use_cp=False) over the whole workspace (max_tokens
+                   rows, the live ones given by cu64): outputs into the workspace's ``out``,
+                   final states over the gathered initial states, a checkpoint every ``every``
+                   tokens of each span into the workspace; a graph replay where fi_capture made
+                   one for (num_seqs, every, scale), else the same call eagerly
     4. fi_scatter  (Triton) the checkpoints that fall on block boundaries into ckpt_slots, the
                    final states into write slots, validated and masked exactly like chunk.py
+    5. out[:T] = workspace out[:T] (one copy: the graph's output buffer is fixed, the caller's
+                   ``out`` is not)
+
+Why the whole workspace: a CUDA graph keeps the tensor extents of its capture, so the call has
+the same extents whatever T. The prep writes the rows past the live tokens up to T + 63 as zeros
+(alpha 1): the rows FlashInfer's TMA tiles read past the last span, and what they read past the
+end of an exact-size tensor. So the bits do not depend on the workspace's size or on what an
+earlier call left there (GPU test), and a replay computes what the eager call does.
 
 Alignment (why ``every``): FlashInfer counts checkpoints (and its 64-token chunks) from each span's
 start, ours are at absolute multiples of B. With every start n a multiple of ``every`` and
@@ -55,7 +67,7 @@ from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
 from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi", "fi_route",
-           "make_fi_workspace"]
+           "make_fi_workspace", "fi_capture", "fi_intervals"]
 
 _fail = functools.partial(fail, "gdn_fi_prefill")
 
@@ -66,10 +78,12 @@ class FiWorkspace:
     and interval ``every`` needs T // every; default max_tokens // 256). Allocate once, outside
     any graph; one serves every layer (it carries data only within a call).
 
-    q, k [max_tokens, HK, K] and v [max_tokens, HV, V] in the input dtype; alpha, beta
+    q, k [max_tokens, HK, K], v and out [max_tokens, HV, V] in the input dtype; alpha, beta
     [max_tokens, HV] fp32; cu64, ckcu [max_seqs + 1] int64; h0 [max_seqs, HV, V, K] fp32 (the
     initial states in, FlashInfer's final states out: each of its programs loads its own
-    (sequence, head) state before it stores it); ckpt [max_checkpoints, HV, V, K] fp32.
+    (sequence, head) state before it stores it); ckpt [max_checkpoints, HV, V, K] fp32. All
+    zero-initialised. ``graphs``: fi_capture's CUDA graphs by (fn, num_seqs, every, scale);
+    ``calls``: how many calls replayed one ("graph") and how many ran eagerly ("eager").
     """
 
     def __init__(self, max_tokens, max_seqs, HK, HV, K, V, dtype, device, max_checkpoints=None,
@@ -85,20 +99,24 @@ class FiWorkspace:
         self.device = torch.device(device)
         self.fn = fn  # the chunk_gated_delta_rule to call (None: FlashInfer's; tests: a stand-in)
         n, f32 = self.max_tokens, dict(dtype=torch.float32, device=device)
-        self.q = torch.empty(n, HK, K, dtype=dtype, device=device)
-        self.k = torch.empty(n, HK, K, dtype=dtype, device=device)
-        self.v = torch.empty(n, HV, V, dtype=dtype, device=device)
-        self.alpha = torch.empty(n, HV, **f32)
-        self.beta = torch.empty(n, HV, **f32)
+        self.q = torch.zeros(n, HK, K, dtype=dtype, device=device)
+        self.k = torch.zeros(n, HK, K, dtype=dtype, device=device)
+        self.v = torch.zeros(n, HV, V, dtype=dtype, device=device)
+        self.out = torch.zeros(n, HV, V, dtype=dtype, device=device)
+        self.alpha = torch.zeros(n, HV, **f32)
+        self.beta = torch.zeros(n, HV, **f32)
         self.cu64 = torch.zeros(self.max_seqs + 1, dtype=torch.int64, device=device)
         self.ckcu = torch.zeros(self.max_seqs + 1, dtype=torch.int64, device=device)
-        self.h0 = torch.empty(self.max_seqs, HV, V, K, **f32)
-        self.ckpt = torch.empty(self.max_checkpoints, HV, V, K, **f32)
+        self.h0 = torch.zeros(self.max_seqs, HV, V, K, **f32)
+        self.ckpt = torch.zeros(self.max_checkpoints, HV, V, K, **f32)
         self.device = self.q.device  # "cuda" -> "cuda:0": what the inputs' devices compare to
+        self.graphs: dict = {}
+        self.calls = {"graph": 0, "eager": 0}
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (
-            self.q, self.k, self.v, self.alpha, self.beta, self.cu64, self.ckcu, self.h0, self.ckpt))
+            self.q, self.k, self.v, self.out, self.alpha, self.beta, self.cu64, self.ckcu, self.h0,
+            self.ckpt))
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +203,9 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
         fi_fn: the chunk_gated_delta_rule to call (default workspace.fn, else FlashInfer's;
             tests inject a stand-in).
     Returns ``out``. No host sync, no allocation; FlashInfer compiles its kernel on first use
-    (one configuration for every call here: initial state and checkpoints always on).
+    (one configuration for every call here: initial state and checkpoints always on). Its call
+    replays a graph of fi_capture's when there is one for (fn, num_seqs, every, scale) and no
+    capture is under way, else runs eagerly on the same buffers (the same bits: GPU test).
     """
     _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, None)
     check_flag("gdn_fi_prefill", error_flag, q.device, ref="q")
@@ -206,16 +226,89 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
     if ns == 0:
         return out.zero_()
     ws = workspace
-    fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, ns, every, error_flag, interpreting())
+    sc = K ** -0.5 if scale is None else float(scale)
+    fi_prep(q, k, v, a, b, A_log, dt_bias, ws.out, ws, meta, ns, every, error_flag, interpreting(),
+            T_ws=min(T + CHUNK - 1, ws.max_tokens))
     fi_gather(ssm, ws, meta, ns, error_flag)
-    h = ws.h0[:ns]
-    fi_fn(ws.q[:T], ws.k[:T], ws.v[:T], g=ws.alpha[:T], beta=ws.beta[:T],
-          scale=K ** -0.5 if scale is None else float(scale), initial_state=h, output_final_state=True,
-          cu_seqlens=ws.cu64[:ns + 1], output=out, output_state=h,
-          state_checkpoints=ws.ckpt[:max(n_ck, 1)], checkpoint_cu_starts=ws.ckcu[:ns + 1],
-          checkpoint_every_n_tokens=every, use_cp=False)
+    graph = ws.graphs.get((fi_fn, ns, every, sc))
+    if graph is not None and not torch.cuda.is_current_stream_capturing():
+        graph.replay()
+        ws.calls["graph"] += 1
+    else:
+        _fi_call(fi_fn, ws, ns, every, sc)
+        ws.calls["eager"] += 1
     fi_scatter(ssm, ws, meta, ns, n_ck, every, error_flag)
-    return out
+    return out.copy_(ws.out[:T])
+
+
+def _fi_call(fn, ws: FiWorkspace, ns: int, every: int, scale: float):
+    """FlashInfer's call over the whole workspace (fixed extents: a graph of it serves any T)."""
+    h = ws.h0[:ns]
+    fn(ws.q, ws.k, ws.v, g=ws.alpha, beta=ws.beta, scale=scale, initial_state=h,
+       output_final_state=True, cu_seqlens=ws.cu64[:ns + 1], output=ws.out, output_state=h,
+       state_checkpoints=ws.ckpt, checkpoint_cu_starts=ws.ckcu[:ns + 1],
+       checkpoint_every_n_tokens=every, use_cp=False)
+
+
+def fi_intervals(block_size: int) -> list[int]:
+    """Every checkpoint interval fi_every can return for ``block_size``: the multiples of 64 that
+    divide it."""
+    return [e for e in range(CHUNK, block_size + 1, CHUNK) if block_size % e == 0]
+
+
+def fi_capture(workspace: FiWorkspace, block_size: int, scale: float | None = None,
+               fi_fn=None) -> int:
+    """Capture FlashInfer's call (step 3 of gdn_fi_prefill) in one CUDA graph per (num_seqs,
+    every) a step on ``block_size`` can take: num_seqs 1 .. max_seqs, every in
+    fi_intervals(block_size), at ``scale`` (default K ** -0.5). Calls with another scale or fn
+    run eagerly. Runs the call once eagerly first (FlashInfer compiles its kernel on first use,
+    which must not happen inside a capture). Captures on a side stream in thread-local mode (so
+    other threads of the process may allocate meanwhile); FlashInfer allocates nothing in these
+    calls, so the graphs hold no memory of their own. Outside any capture, before serving: it
+    synchronises the device. Returns the number of graphs made (0 off CUDA)."""
+    ws = workspace
+    if not ws.q.is_cuda:
+        return 0
+    # (vLLM makes the workspace in its profile run, under inference mode: its tensors can only
+    # be written in place there)
+    with torch.inference_mode():
+        return _capture_all(ws, block_size, scale, fi_fn)
+
+
+def _capture_all(ws, block_size, scale, fi_fn):
+    fn = fi_fn or ws.fn
+    if fn is None:
+        fn, why = load_fi()
+        if fn is None:
+            _fail(why)
+    sc = ws.K ** -0.5 if scale is None else float(scale)
+    everies = fi_intervals(block_size)
+    # the eager call, on one 64-token span with a checkpoint: compiles, and proves the call works
+    ws.cu64[:2] = torch.tensor([0, CHUNK], device=ws.device)
+    ws.ckcu[:2] = torch.tensor([0, 1], device=ws.device)
+    _fi_call(fn, ws, 1, CHUNK, sc)
+    ws.cu64.zero_()
+    ws.ckcu.zero_()
+    torch.cuda.synchronize(ws.device)
+    pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream(ws.device)
+    made = 0
+    with torch.cuda.device(ws.device), torch.cuda.stream(side):
+        for every in everies:
+            for ns in range(1, ws.max_seqs + 1):
+                key = (fn, ns, every, sc)  # gdn_fi_prefill's lookup
+                if key in ws.graphs:
+                    continue
+                g = torch.cuda.CUDAGraph()
+                g.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    _fi_call(fn, ws, ns, every, sc)
+                finally:
+                    g.capture_end()
+                ws.graphs[key] = g
+                made += 1
+    torch.cuda.synchronize(ws.device)
+    return made
 
 
 def make_fi_workspace(max_tokens, max_seqs, HK, HV, K, V, dtype, state_dtype, device,

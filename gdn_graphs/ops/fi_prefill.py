@@ -276,13 +276,13 @@ def fi_capture(workspace: FiWorkspace, block_size: int, scale: float | None = No
 
 
 def _capture_all(ws, block_size, scale, fi_fn):
+    """fi_capture's work, under inference mode."""
     fn = fi_fn or ws.fn
     if fn is None:
         fn, why = load_fi()
         if fn is None:
             _fail(why)
     sc = ws.K ** -0.5 if scale is None else float(scale)
-    everies = fi_intervals(block_size)
     # the eager call, on one 64-token span with a checkpoint: compiles, and proves the call works
     ws.cu64[:2] = torch.tensor([0, CHUNK], device=ws.device)
     ws.ckcu[:2] = torch.tensor([0, 1], device=ws.device)
@@ -294,7 +294,7 @@ def _capture_all(ws, block_size, scale, fi_fn):
     side = torch.cuda.Stream(ws.device)
     made = 0
     with torch.cuda.device(ws.device), torch.cuda.stream(side):
-        for every in everies:
+        for every in fi_intervals(block_size):
             for ns in range(1, ws.max_seqs + 1):
                 key = (fn, ns, every, sc)  # gdn_fi_prefill's lookup
                 if key in ws.graphs:

@@ -183,3 +183,20 @@ def test_fi_kernels_compile_for_sm90():
         pytest.skip("this triton has no bundled ptxas")
     res = run_script(_COMPILE_SCRIPT)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+
+
+def test_builders_capture_fi_graphs_once_per_workspace(monkeypatch):
+    """The vLLM builders ask GDNResources for FlashInfer's graphs at start: once per FiWorkspace
+    and block size (every GDN group makes a builder), none for a workspace without one."""
+    from gdn_graphs.vllm import builder
+
+    seen = []
+    monkeypatch.setattr(builder, "fi_capture", lambda fw, B: seen.append((id(fw), B)) or 7)
+    res = builder.GDNResources(max_reqs=4, max_tokens=256)
+    plain = res.workspace(2, 32, 32, 1, BF, torch.device("cpu"))  # no FlashInfer option: no .fi
+    with_fi = res.workspace(4, 32, 32, 2, BF, torch.device("cpu"))
+    with_fi.fi = FiWorkspace(256, 4, 2, 4, 32, 32, BF, "cpu")
+    for _ in range(3):  # three GDN groups, three builders
+        builder.StepBuilder(res, 128, 8, 0, torch.device("cpu"))
+    assert getattr(plain, "fi", None) is None
+    assert seen == [(id(with_fi.fi), 128)]

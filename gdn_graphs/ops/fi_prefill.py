@@ -283,9 +283,11 @@ def _capture_all(ws, block_size, scale, fi_fn):
         if fn is None:
             _fail(why)
     sc = ws.K ** -0.5 if scale is None else float(scale)
-    # the eager call, on one 64-token span with a checkpoint: compiles, and proves the call works
-    ws.cu64[:2] = torch.tensor([0, CHUNK], device=ws.device)
-    ws.ckcu[:2] = torch.tensor([0, 1], device=ws.device)
+    # the eager call, on one span of up to 64 tokens (inside the workspace, with its checkpoint
+    # when it is a whole chunk): compiles, and proves the call works
+    n = min(CHUNK, ws.max_tokens)
+    ws.cu64[:2] = torch.tensor([0, n], device=ws.device)
+    ws.ckcu[:2] = torch.tensor([0, n // CHUNK], device=ws.device)
     _fi_call(fn, ws, 1, CHUNK, sc)
     ws.cu64.zero_()
     ws.ckcu.zero_()

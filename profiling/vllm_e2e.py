@@ -20,6 +20,10 @@ Scenarios:
           kernels compiled on a shape's first use are out of the measured ones; --ttft-len
           16000,32000: each length, the first in "ttft", the others in "ttft_more")
   decode  --decode-batch prompts of 256 tokens, --decode-tokens generated each: decode tokens/s
+  burst   for each --burst NxL: N fresh prompts of L tokens submitted at once, one token each
+          (several prefill sequences per step, where the GDN prefill kernels differ most), then
+          the same N again (warm): wall time, prefill tokens/s, TTFT spread, reuse; after an
+          untimed first-use burst of the same shape
   abort   four requests at once through the engine's own loop: one aborted mid-prefill (a prompt
           longer than two steps' token budget, aborted after its first step), one aborted
           mid-decode (after 3 tokens), two that run on; the survivors' tokens must equal what
@@ -57,6 +61,45 @@ def _lengths(text):
         out = []
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"expected token counts separated by commas, got {text!r}")
+    return out
+
+
+def _bursts(text):
+    try:
+        out = [tuple(int(x) for x in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(len(o) != 2 or min(o) < 1 for o in out):
+        raise argparse.ArgumentTypeError(f"expected NxL[,NxL], got {text!r}")
+    return out
+
+
+def burst_scenario(llm, rng, vocab, shapes, greedy, whole_blocks, marks, t_up, seed):
+    """N prompts of L tokens at once, cold then warm, per shape (module docstring)."""
+    out = {}
+    first_rng = np.random.default_rng(seed + 2)  # the first-use prompts (untimed)
+
+    def batch(prompts):
+        t = time.perf_counter()
+        res = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(1), use_tqdm=False)
+        wall = time.perf_counter() - t
+        ttft = [getattr(o.metrics, "first_token_latency", None) for o in res if o.metrics is not None]
+        ttft = sorted(x for x in ttft if x)
+        return {"wall_s": round(wall, 4), "tokens": [list(o.outputs[0].token_ids) for o in res],
+                "num_cached_tokens": [o.num_cached_tokens for o in res],
+                "prefill_tok_per_s": round(sum(len(p) for p in prompts) / wall, 1),
+                "ttft_s_min_median_max": [round(ttft[0], 4), round(ttft[len(ttft) // 2], 4),
+                                          round(ttft[-1], 4)] if ttft else None}
+
+    for n, length in shapes:
+        key = f"{n}x{length}"
+        marks[f"burst_{key}_first_use"] = round(time.time() - t_up, 2)
+        first = batch([ids(first_rng, length, vocab) for _ in range(n)])
+        marks[f"burst_{key}_timed"] = round(time.time() - t_up, 2)
+        prompts = [ids(rng, length, vocab) for _ in range(n)]
+        cold, warm = batch(prompts), batch(prompts)
+        out[key] = {"cold": cold, "warm": warm, "first_use_wall_s": first["wall_s"],
+                    "expected_warm_reuse": whole_blocks(length, length)}
     return out
 
 
@@ -220,6 +263,8 @@ def main(argv=None):
                          "plugin too)")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--burst", type=_bursts, default=[(16, 2048)], metavar="16x2048[,64x512]",
+                    help="the burst scenario's shapes: N prompts of L tokens at once")
     ap.add_argument("--scenarios", default="repeat,shared,system,ttft,decode")
     ap.add_argument("--keep-states", default=None,
                     help="the plugin's keep_states option: all | ends | N (default: its own)")
@@ -423,8 +468,12 @@ def main(argv=None):
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
             S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
                                                      a.gpu_profile)
+    if "burst" in want:
+        marks["burst"] = round(time.time() - t_up, 2)
+        S["burst"] = burst_scenario(llm, rng, vocab, a.burst, greedy, whole_blocks, marks, t_up,
+                                      a.seed)
     if spec_after is not None:
-        spec_after["decode"] = spec_stats(llm)  # ttft and decode too
+        spec_after["decode"] = spec_stats(llm)  # ttft, decode and burst too
     if "abort" in want:
         marks["abort"] = round(time.time() - t_up, 2)
         S["abort"] = abort_scenario(llm, rng, vocab, a.max_batched, a.gen, greedy, run)

@@ -54,8 +54,8 @@ def check(res: dict, near_ties: list | None = None) -> list:
     """What issue 5's end-to-end runs must show, as a list of failures (empty: all good).
 
     * an engine with the plugin and prefix caching on runs in mamba cache mode "all", and every
-      later request of the repeat / shared / system scenarios reuses exactly the expected tokens
-      (the shared prefix rounded down to whole blocks);
+      later request of the repeat / shared / system scenarios (and every warm request of a burst)
+      reuses exactly the expected tokens (the shared prefix rounded down to whole blocks);
     * no gdn_graphs kernel was compiled after the engine was up (where recorded);
     * float32 engines generate the same greedy tokens, scenario by scenario, whatever their
       prefix-caching and CUDA-graph settings (bf16 is exempt: near-tied logits flip);
@@ -81,6 +81,11 @@ def check(res: dict, near_ties: list | None = None) -> list:
                     if any(g != sc[key]["expected_reuse"] for g in got):
                         problems.append(f"{name}: {key} reused {got}, expected "
                                         f"{sc[key]['expected_reuse']} each")
+            for shape, e in sc.get("burst", {}).items():
+                got = e["warm"]["num_cached_tokens"]
+                if any(g != e["expected_warm_reuse"] for g in got):
+                    problems.append(f"{name}: burst {shape} warm reused {got}, expected "
+                                    f"{e['expected_warm_reuse']} each")
             if "chat" in sc:
                 got = [x["num_cached_tokens"] for x in sc["chat"]["runs"]][1:]
                 if got != sc["chat"]["expected_reuse_per_turn"][1:]:
@@ -237,7 +242,7 @@ def print_spec(res: dict, summary: dict) -> None:
 
 # windows (vllm_e2e's scenario_start_s) whose requests are not timed: the warm-ups before a
 # scenario's clock starts (NAME, then NAME_timed) and the first use of a TTFT length
-UNTIMED = ("start-up", "ttft", "decode", "load", "end")
+UNTIMED = ("start-up", "ttft", "decode", "burst", "load", "end")
 
 
 def _clock_s(hms: str) -> float:
@@ -288,6 +293,21 @@ def print_jit(res: dict, summary: dict) -> None:
                        if placed[-1]["timed"] else "in untimed warm-up " + "/".join(ws))
             print(f"{name}: compiled while serving (not Triton): {k} ({kind}, {t}), {verdict}")
         summary["configs"][name]["jit_placed"] = placed
+
+
+def print_bursts(res: dict, summary: dict) -> None:
+    """The burst scenario per configuration: wall time and prefill tokens/s, cold and warm."""
+    for name, r in res.items():
+        for shape, e in r["scenarios"].get("burst", {}).items():
+            c, w = e["cold"], e["warm"]
+            summary["configs"][name].setdefault("burst", {})[shape] = {
+                "cold_wall_s": c["wall_s"], "cold_prefill_tok_per_s": c["prefill_tok_per_s"],
+                "warm_wall_s": w["wall_s"], "warm_cached": w["num_cached_tokens"],
+                "expected_warm_reuse": e["expected_warm_reuse"]}
+            print(f"{name}: burst {shape}: cold {c['wall_s']:.3f} s ({c['prefill_tok_per_s']:.0f} "
+                  f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}), warm "
+                  f"{w['wall_s']:.3f} s (cached {sorted(set(w['num_cached_tokens']))} of "
+                  f"{e['expected_warm_reuse']} expected)")
 
 
 def main(argv=None):
@@ -382,6 +402,7 @@ def main(argv=None):
             row["triton_compiles_after_start"] = where
         print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
+    print_bursts(res, summary)
     print_load_and_capacity(res, summary)
     print_spec(res, summary)
     print_jit(res, summary)

@@ -20,7 +20,8 @@
 #   bash profiling/vllm_session.sh e2e80         # issue 13: the 80B-A3B layout (LAYERS80 layers,
 #                                                # random weights), plugin then own mode (on its
 #                                                # default FlashInfer prefill where staged): TTFT
-#                                                # of 16k and 32k prompts cold/warm, decode tok/s
+#                                                # of 16k and 32k prompts cold/warm, decode tok/s,
+#                                                # bursts of several prompts at once (BURST80)
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
 #                                                # (both with async scheduling on) / EAGLE-3 k=3
@@ -181,12 +182,19 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
   e2e80)  # issue 13: one engine after the other (timings); first use of each length untimed
     M80=/tmp/qwen3_next_80b_${LAYERS80:-8}l
     [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
-    # (WHO="plugin_fi ...": the plugin with its FlashInfer prefill option, fp32 state pool)
+    # (WHO="plugin_fi ...": the plugin with its FlashInfer prefill option, fp32 state pool;
+    # "vllm_fp32": vLLM's own mode with that pool dtype, its fair comparison)
     for who in ${WHO:-plugin vllm}; do
-      p=on; [ $who = vllm ] && p=off; fi=; [ $who = plugin_fi ] && fi="--prefill flashinfer --state-dtype float32"
+      p=on; fi=
+      case $who in
+        vllm) p=off ;;
+        vllm_fp32) p=off; fi="--state-dtype float32" ;;
+        plugin_fi) fi="--prefill flashinfer --state-dtype float32" ;;
+      esac
       e2e e80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
-          --scenarios ttft,decode --ttft-len 16000,32000 --decode-batch 64 --decode-tokens 256
+          --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \
+          --decode-tokens 256 --burst ${BURST80:-16x2048,64x512}
     done ;;
   spec|spec_bf16)  # issue 12. spec: four float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),

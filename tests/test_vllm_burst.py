@@ -1,0 +1,80 @@
+"""profiling/vllm_e2e.py's burst scenario (several fresh prompts at once, then again) on a stand-in
+engine, and vllm_report's check of its reuse (no GPU or vLLM needed)."""
+
+import argparse
+import json
+import time
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+
+from test_vllm_load import _module
+
+B = 64
+
+
+class FakeLLM:
+    """generate(): one token per prompt; a prompt seen before reuses its whole blocks except the
+    last token's (as vLLM: at most len - 1 tokens are cacheable), unless ``forget``."""
+
+    def __init__(self, forget=False):
+        self.seen, self.forget, self.calls = set(), forget, []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append(len(prompts))
+        time.sleep(0.01)  # a measurable wall time
+        out = []
+        for i, p in enumerate(prompts):
+            ids = tuple(p["prompt_token_ids"])
+            hit = (len(ids) - 1) // B * B if ids in self.seen and not self.forget else 0
+            self.seen.add(ids)
+            out.append(NS(outputs=[NS(token_ids=[ids[-1] % 7])], num_cached_tokens=hit,
+                          metrics=NS(first_token_latency=0.01 * (i + 1))))
+        return out
+
+
+def _run(e2e, llm, shapes):
+    def whole_blocks(n_shared, prompt_len):
+        return min(n_shared // B, (prompt_len - 1) // B) * B
+
+    marks = {}
+    res = e2e.burst_scenario(llm, np.random.default_rng(0), 1000, shapes, lambda n: None,
+                             whole_blocks, marks, 0.0, 1234)
+    return res, marks
+
+
+def test_burst_runs_each_shape_first_use_cold_then_warm():
+    e2e = _module("vllm_e2e")
+    llm = FakeLLM()
+    res, marks = _run(e2e, llm, [(4, 300), (3, 100)])
+    assert llm.calls == [4, 4, 4, 3, 3, 3]  # first use, cold, warm per shape
+    assert set(res) == {"4x300", "3x100"}
+    e = res["4x300"]
+    assert e["cold"]["num_cached_tokens"] == [0] * 4  # fresh prompts, not the first-use ones
+    assert e["warm"]["num_cached_tokens"] == [256] * 4 == [e["expected_warm_reuse"]] * 4
+    assert e["cold"]["tokens"] == e["warm"]["tokens"]
+    assert e["cold"]["ttft_s_min_median_max"] == [0.01, 0.03, 0.04]
+    assert e["cold"]["prefill_tok_per_s"] == pytest.approx(1200 / e["cold"]["wall_s"], rel=0.02)
+    assert list(marks) == ["burst_4x300_first_use", "burst_4x300_timed", "burst_3x100_first_use",
+                           "burst_3x100_timed"]
+
+
+def test_burst_shapes_parse_and_refuse():
+    e2e = _module("vllm_e2e")
+    assert e2e._bursts("16x2048,64x512") == [(16, 2048), (64, 512)]
+    for bad in ("16", "16x", "0x512", "4x2x3", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            e2e._bursts(bad)
+
+
+def test_report_fails_a_burst_that_did_not_reuse(tmp_path):
+    e2e, report = _module("vllm_e2e"), _module("vllm_report")
+    for name, llm in (("bf16_good", FakeLLM()), ("bf16_bad", FakeLLM(forget=True))):
+        res, marks = _run(e2e, llm, [(2, 200)])
+        run = {"config": {"plugin": "on", "prefix_caching": "on", "dtype": "bfloat16"},
+               "scenarios": {"burst": res}, "mamba_cache_mode": "all", "block_size": B,
+               "engine_start_s": 1.0}
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    problems = report.check(report.load(tmp_path))
+    assert problems == ["bf16_bad: burst 2x200 warm reused [0, 0], expected 192 each"]

@@ -304,8 +304,11 @@ def print_bursts(res: dict, summary: dict) -> None:
                 "cold_wall_s": c["wall_s"], "cold_prefill_tok_per_s": c["prefill_tok_per_s"],
                 "warm_wall_s": w["wall_s"], "warm_cached": w["num_cached_tokens"],
                 "expected_warm_reuse": e["expected_warm_reuse"]}
+            walls = e.get("cold_walls_s", [c["wall_s"]])
+            summary["configs"][name]["burst"][shape]["cold_walls_s"] = walls
             print(f"{name}: burst {shape}: cold {c['wall_s']:.3f} s ({c['prefill_tok_per_s']:.0f} "
-                  f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}), warm "
+                  f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}; all cold "
+                  f"bursts {walls}), warm "
                   f"{w['wall_s']:.3f} s (cached {sorted(set(w['num_cached_tokens']))} of "
                   f"{e['expected_warm_reuse']} expected)")
 

@@ -34,26 +34,29 @@ class FakeLLM:
         return out
 
 
-def _run(e2e, llm, shapes):
+def _run(e2e, llm, shapes, repeats=1):
     def whole_blocks(n_shared, prompt_len):
         return min(n_shared // B, (prompt_len - 1) // B) * B
 
     marks = {}
     res = e2e.burst_scenario(llm, np.random.default_rng(0), 1000, shapes, lambda n: None,
-                             whole_blocks, marks, 0.0, 1234)
+                             whole_blocks, marks, 0.0, 1234, repeats)
     return res, marks
 
 
 def test_burst_runs_each_shape_first_use_cold_then_warm():
     e2e = _module("vllm_e2e")
     llm = FakeLLM()
-    res, marks = _run(e2e, llm, [(4, 300), (3, 100)])
-    assert llm.calls == [4, 4, 4, 3, 3, 3]  # first use, cold, warm per shape
+    res, marks = _run(e2e, llm, [(4, 300), (3, 100)], repeats=3)
+    assert llm.calls == [4] * 6 + [3] * 6  # first use twice, three cold, warm per shape
     assert set(res) == {"4x300", "3x100"}
     e = res["4x300"]
     assert e["cold"]["num_cached_tokens"] == [0] * 4  # fresh prompts, not the first-use ones
     assert e["warm"]["num_cached_tokens"] == [256] * 4 == [e["expected_warm_reuse"]] * 4
     assert e["cold"]["tokens"] == e["warm"]["tokens"]
+    assert len(e["first_use_wall_s"]) == 2
+    assert len(e["cold_walls_s"]) == 3 and e["cold_median_wall_s"] == sorted(e["cold_walls_s"])[1]
+    assert e["cold"]["wall_s"] in e["cold_walls_s"]
     assert e["cold"]["ttft_s_min_median_max"] == [0.01, 0.03, 0.04]
     assert e["cold"]["prefill_tok_per_s"] == pytest.approx(1200 / e["cold"]["wall_s"], rel=0.02)
     assert list(marks) == ["burst_4x300_first_use", "burst_4x300_timed", "burst_3x100_first_use",

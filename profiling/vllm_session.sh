@@ -184,14 +184,18 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
     # (WHO="plugin_fi ...": the plugin with its FlashInfer prefill option, fp32 state pool;
     # "vllm_fp32": vLLM's own mode with that pool dtype, its fair comparison)
+    # (a name given twice, e.g. WHO="plugin vllm plugin vllm", runs again as e80_plugin_2 ...)
+    declare -A seen=()
     for who in ${WHO:-plugin vllm}; do
+      seen[$who]=$(( ${seen[$who]:-0} + 1 )); tag=$who
+      [ ${seen[$who]} -gt 1 ] && tag=${who}_${seen[$who]}
       p=on; fi=
       case $who in
         vllm) p=off ;;
         vllm_fp32) p=off; fi="--state-dtype float32" ;;
         plugin_fi) fi="--prefill flashinfer --state-dtype float32" ;;
       esac
-      e2e e80_$who $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
+      e2e e80_$tag $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \
           --decode-tokens ${DEC80:-256} --burst ${BURST80:-16x2048,64x512}

@@ -296,6 +296,8 @@ def main(argv=None):
                     help="engine in this process and torch.profiler over a 64-token decode run after the "
                          "timed one: GPU kernel time per step against wall time, top kernels, to TXT")
     a = ap.parse_args(argv)
+    if a.burst_repeats < 1:
+        ap.error(f"--burst-repeats must be at least 1, got {a.burst_repeats}")
     if a.host_profile or a.gpu_profile:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts
 

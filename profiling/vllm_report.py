@@ -300,12 +300,11 @@ def print_bursts(res: dict, summary: dict) -> None:
     for name, r in res.items():
         for shape, e in r["scenarios"].get("burst", {}).items():
             c, w = e["cold"], e["warm"]
+            walls = e.get("cold_walls_s", [c["wall_s"]])  # (runs before --burst-repeats: one)
             summary["configs"][name].setdefault("burst", {})[shape] = {
-                "cold_wall_s": c["wall_s"], "cold_prefill_tok_per_s": c["prefill_tok_per_s"],
-                "warm_wall_s": w["wall_s"], "warm_cached": w["num_cached_tokens"],
-                "expected_warm_reuse": e["expected_warm_reuse"]}
-            walls = e.get("cold_walls_s", [c["wall_s"]])
-            summary["configs"][name]["burst"][shape]["cold_walls_s"] = walls
+                "cold_wall_s": c["wall_s"], "cold_walls_s": walls,
+                "cold_prefill_tok_per_s": c["prefill_tok_per_s"], "warm_wall_s": w["wall_s"],
+                "warm_cached": w["num_cached_tokens"], "expected_warm_reuse": e["expected_warm_reuse"]}
             print(f"{name}: burst {shape}: cold {c['wall_s']:.3f} s ({c['prefill_tok_per_s']:.0f} "
                   f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}; all cold "
                   f"bursts {walls}), warm "

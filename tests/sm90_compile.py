@@ -19,15 +19,15 @@ def ptxas_path() -> str:
 
 def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: bool, num_warps: int,
                  divisible=lambda name, ty: ty.startswith("*")):
-    """Compile ``fn`` (a JITFunction) for sm_90. consts: constexpr values (HAS_FLAG added; a
-    missing error flag becomes a None constexpr); special: argument -> Triton type; meta: int32
-    metadata pointers; ints / names starting "s_": i32 scalars; every other argument a bf16
-    pointer. divisible(name, type): arguments the GPU launcher specialises on 16-divisibility."""
+    """Compile ``fn`` (a JITFunction) for sm_90. consts: constexpr values (HAS_FLAG added where
+    fn has one; a missing error flag becomes a None constexpr); special: argument -> Triton
+    type; meta: int32 metadata pointers; ints / names starting "s_": i32 scalars; every other
+    argument a bf16 pointer. divisible(name, type): arguments the GPU launcher specialises on 16-divisibility."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    consts = dict(consts, HAS_FLAG=has_flag)
+    consts = dict(consts, **({"HAS_FLAG": has_flag} if "HAS_FLAG" in fn.arg_names else {}))
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:

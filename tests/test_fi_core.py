@@ -59,7 +59,7 @@ def test_core_routes_aligned_prefills_to_fi(monkeypatch):
     for rows, want in [([(0, 300), (256, 100)], [128]),      # block-aligned: every = B
                        ([(5, 1), (192, 200)], [64]),          # a decode row, a start at 192: every 64
                        ([(37, 100)], []),                     # mid-chunk start: ours
-                       ([(0, 100), (0, 50), (128, 10)], [])]:  # 3 prefill rows > max_seqs=2: ours
+                       ([(0, 100), (0, 50), (128, 10)], [128])]:  # 3 rows > max_seqs=2: groups
         calls.clear()
         o_fi, s_fi = run(True, rows, max_seqs=2)
         assert calls == want, (rows, calls)
@@ -161,10 +161,16 @@ kernels = [
     (F._fi_gather_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE), dict(ssm="*fp32", h0="*fp32")),
     (F._fi_scatter_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE, BS=64),
      dict(ssm="*fp32", ck_states="*fp32", h_final="*fp32", cu64="*i64", ckcu="*i64")),
+    (F._fi_out_kernel, dict(HV=HV, V=V, BV=V, BT=16), dict(cu64="*i64")),  # (no error flag)
 ]
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
-ints = ("T", "T_ws", "num_seqs", "max_seqs", "every", "n_ck_prog", "max_ckpts", "num_slots", "block_size")
+ints = ("T", "T_ws", "seq0", "num_seqs", "ns_total", "max_seqs", "every", "n_ck_prog", "max_ckpts",
+        "num_slots", "block_size")
 for (heur, consts, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
+    if not hasattr(heur, "values"):  # a plain jit function: no flag to compile out
+        if has_flag:
+            continue
+        heur = type("NoHeuristics", (), {"fn": heur})
     fn = heur.fn
     ck = compile_sm90(fn, consts, special, meta, ints, has_flag, num_warps=4)
     regs, spills = ptxas_report(ck)
@@ -174,7 +180,7 @@ for (heur, consts, special), has_flag in [(k, f) for k in kernels for f in (True
 
 
 def test_fi_kernels_compile_for_sm90():
-    """The three kernels compile for an H200 (sm_90, no interpreter shims) at the real shapes,
+    """The four kernels compile for an H200 (sm_90, no interpreter shims) at the real shapes,
     with and without the error flag, without register spills. Needs no GPU (Triton's ptxas)."""
     import os
 

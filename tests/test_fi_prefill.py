@@ -374,6 +374,50 @@ def _same_bits_across_workspaces(device, fi_fn, dims, graphs):
     assert big.calls == ({"graph": n, "eager": 0} if graphs else {"graph": 0, "eager": n})
 
 
+def _grouped_same_bits(device, fi_fn, dims, graphs=False):
+    """A step of more sequences than the workspace's max_seqs (run in groups, one FlashInfer call
+    each) gives, bit for bit, what one call over a workspace that holds them all gives: outputs,
+    padding rows, every pool slot. Workspaces full of leftovers; rows of 1, 2 and 3 groups."""
+    HK, HV, K, V = dims
+    B = 256
+    seqs = [(300, 0), (128, 256), (1, 128), (640, 384), (70, 0), (192, 512), (1, 0)]
+    T = sum(L for L, _ in seqs)
+    inputs = make_inputs(T + 9, HK, HV, K, V, BF, device, seed=4)
+    reads, writes, ckpts = plan(seqs, B, 48, random.Random(4))
+    meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, B,
+                      device=device, max_seqs=len(seqs) + 1)
+    pool0 = torch.randn(48, HV, V, K, device=device,
+                        generator=torch.Generator(device).manual_seed(4)) * 0.3
+    results = {}
+    for max_seqs in (len(seqs), 3, 2):  # one group; 3 groups (3, 3, 1); 4 groups (2, 2, 2, 1)
+        ws = FiWorkspace(T + 9, max_seqs, HK, HV, K, V, BF, device, max_checkpoints=(T + 9) // 64)
+        if graphs:
+            fi_capture(ws, B)
+        _leftovers(ws, seed=max_seqs)
+        pool = pool0.clone()
+        out = torch.full((T + 9, HV, V), float("nan"), dtype=BF, device=device)
+        flag = _flag(device)
+        gdn_fi_prefill(*(x[:T + 9] for x in inputs[:5]), inputs[5], inputs[6], pool, meta, out, ws,
+                       every=fi_every(B, [n for _, n in seqs]), fi_fn=fi_fn, error_flag=flag)
+        assert flag.item() == 0
+        n_groups = -(-len(seqs) // max_seqs)
+        assert ws.calls == ({"graph": n_groups, "eager": 0} if graphs else {"graph": 0, "eager": n_groups})
+        results[max_seqs] = (out, pool)
+    o1, p1 = results[len(seqs)]
+    assert torch.equal(o1[T:], torch.zeros_like(o1[T:])), "padding rows"
+    for max_seqs in (3, 2):
+        assert_bits_equal(results[max_seqs][0], o1, f"outputs, groups of {max_seqs}")
+        assert_bits_equal(results[max_seqs][1], p1, f"pool, groups of {max_seqs}")
+    return inputs, meta, (reads, writes, ckpts), seqs, pool0, o1, p1
+
+
+def test_fi_groups_keep_the_bits(device):
+    inputs, meta, (reads, writes, ckpts), seqs, before, out, pool = _grouped_same_bits(
+        device, fi_standin.chunk_gated_delta_rule, DIMS)
+    # and the one-group call is right (so the grouped ones are too)
+    check_batch(seqs, 256, reads, writes, ckpts, inputs, out, before, pool, TOL)
+
+
 def test_bad_arguments_raise(device):
     HK, HV, K, V, T = 1, 2, 32, 32, 64
     q, k, v, a, b, A_log, dt_bias = make_inputs(T, HK, HV, K, V, BF, device)
@@ -452,6 +496,14 @@ def test_gpu_fi_graphs_and_workspace_size_keep_the_bits(fi_gpu):
 @pytest.mark.gpu
 def test_gpu_fi_larger_workspace_eager_keeps_the_bits(fi_gpu):
     _same_bits_across_workspaces("cuda", fi_gpu, dims=(2, 4, 128, 128), graphs=False)
+
+
+@pytest.mark.gpu
+def test_gpu_fi_groups_keep_the_bits(fi_gpu):
+    """Real FlashInfer: a step of 7 sequences through workspaces of 7, 3 and 2 rows (1, 3 and 4
+    calls), eagerly and replayed from graphs, gives the same bits."""
+    _grouped_same_bits("cuda", fi_gpu, (2, 4, 128, 128), graphs=False)
+    _grouped_same_bits("cuda", fi_gpu, (2, 4, 128, 128), graphs=True)
 
 
 @pytest.mark.gpu

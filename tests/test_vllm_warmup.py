@@ -34,7 +34,7 @@ KERNELS = [(chunk, "_chunk_intra_kernel"), (chunk, "_chunk_seq_kernel"),
            (conv, "_conv_decode_kernel"), (conv, "_conv_prefill_kernel"),
            (decode, "_gdn_decode_kernel")]
 FI_KERNELS = [(fi_kernels, "_fi_prep_kernel"), (fi_kernels, "_fi_gather_kernel"),
-              (fi_kernels, "_fi_scatter_kernel")]
+              (fi_kernels, "_fi_scatter_kernel"), (fi_kernels, "_fi_out_kernel")]
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -124,7 +124,8 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi
         ([1, 90, 40], [303, 0, 20]),               # a decode and two prefills (other knobs)
     ]
     if fi:  # prefills from block and 64-aligned starts, after decode rows (FlashInfer path)
-        steps += [([1, 200], [303, 128]), ([1, 1, 64], [304, 130, 192]), ([70, 64], [0, 256])]
+        steps += [([1, 200], [303, 128]), ([1, 1, 64], [304, 130, 192]), ([70, 64], [0, 256]),
+                  ([30] * 9, [0] * 9)]  # more rows than the FiWorkspace's 7: two groups
     T_max = max(sum(q) for q, _ in steps) + 8
     x_all, a_all, b_all = engine_inputs(T_max, style, dtype)
     for q, n in steps:

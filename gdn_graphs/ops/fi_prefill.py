@@ -21,8 +21,14 @@ buffers; a call then replays it. The steps:
                    one for (num_seqs, every, scale), else the same call eagerly
     4. fi_scatter  (Triton) the checkpoints that fall on block boundaries into ckpt_slots, the
                    final states into write slots, validated and masked exactly like chunk.py
-    5. out[:T] = workspace out[:T] (one copy: the graph's output buffer is fixed, the caller's
-                   ``out`` is not)
+    5. fi_out      (Triton) the outputs from the workspace's ``out`` into their rows of ``out``
+                   (one copy: the graph's output buffer is fixed, the caller's ``out`` is not)
+
+Groups: a call of more sequences than the workspace holds (``max_seqs``, the rows of its initial
+states) runs steps 1-5 once per group of up to max_seqs consecutive sequences, the workspace
+holding the group's tokens from its row 0. FlashInfer computes every (sequence, head) in one
+program of its own from that sequence's tokens and state only, so a sequence's bits do not
+depend on the group it ran in (the same argument as a larger workspace: below).
 
 Why the whole workspace: a CUDA graph keeps the tensor extents of its capture, so the call has
 the same extents whatever T. The prep writes the rows past the live tokens up to T + 63 as zeros
@@ -63,7 +69,7 @@ import torch
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.chunk import _check_inputs
 from gdn_graphs.ops.common import check_flag, fail, interpreting
-from gdn_graphs.ops.fi_kernels import fi_gather, fi_prep, fi_scatter
+from gdn_graphs.ops.fi_kernels import fi_gather, fi_out, fi_prep, fi_scatter
 from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["FiWorkspace", "gdn_fi_prefill", "fi_every", "fi_unsupported", "load_fi", "fi_route",
@@ -74,7 +80,7 @@ _fail = functools.partial(fail, "gdn_fi_prefill")
 
 class FiWorkspace:
     """Persistent buffers of gdn_fi_prefill for up to ``max_tokens`` tokens and ``max_seqs``
-    sequences per call, and up to ``max_checkpoints`` FlashInfer checkpoints (a call with T tokens
+    sequences per FlashInfer call (a call with more runs them in groups of max_seqs), and up to ``max_checkpoints`` FlashInfer checkpoints (a call with T tokens
     and interval ``every`` needs T // every; default max_tokens // 256). Allocate once, outside
     any graph; one serves every layer (it carries data only within a call).
 
@@ -174,9 +180,9 @@ def _check_fi(q, v, ssm, meta, out, ws, num_seqs, every, n_ck):
     if (ws.HK, ws.HV, ws.K, ws.V) != (HK, HV, K, V) or ws.dtype != q.dtype or ws.q.device != q.device:
         _fail(f"workspace (HK={ws.HK}, HV={ws.HV}, K={ws.K}, V={ws.V}, {ws.dtype}, {ws.q.device}) does "
               f"not fit HK={HK}, HV={HV}, K={K}, V={V}, {q.dtype}, {q.device}")
-    if T > ws.max_tokens or num_seqs > ws.max_seqs or n_ck > ws.max_checkpoints:
-        _fail(f"workspace holds {ws.max_tokens} tokens / {ws.max_seqs} sequences / "
-              f"{ws.max_checkpoints} checkpoints, the call needs {T} / {num_seqs} / {n_ck}")
+    if T > ws.max_tokens or n_ck > ws.max_checkpoints:  # (sequences: in groups of ws.max_seqs)
+        _fail(f"workspace holds {ws.max_tokens} tokens / {ws.max_checkpoints} checkpoints, the call "
+              f"needs {T} / {n_ck}")
     if not 0 <= num_seqs <= meta.max_seqs or (meta.num_seqs is not None and num_seqs < meta.num_seqs):
         _fail(f"num_seqs = {num_seqs} must cover the meta's {meta.num_seqs} live sequences and fit "
               f"its {meta.max_seqs}")
@@ -197,7 +203,8 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
             rows >= cu_seqlens[num_seqs] zeros.
         workspace: FiWorkspace, required (no allocation per call).
         num_seqs: host count of the sequences to run (default meta.num_seqs, else meta.max_seqs):
-            FlashInfer's grid is num_seqs x HV; rows past it must be empty (else ERR_META).
+            FlashInfer's grid is num_seqs x HV (in groups of workspace.max_seqs, one call each,
+            where num_seqs is larger); rows past it must be empty (else ERR_META).
         every: FlashInfer's checkpoint interval (default meta.block_size): a multiple of 64 that
             divides block_size and every start position (fi_every computes it on the host).
         fi_fn: the chunk_gated_delta_rule to call (default workspace.fn, else FlashInfer's;
@@ -227,18 +234,22 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
         return out.zero_()
     ws = workspace
     sc = K ** -0.5 if scale is None else float(scale)
-    fi_prep(q, k, v, a, b, A_log, dt_bias, ws.out, ws, meta, ns, every, error_flag, interpreting(),
-            T_ws=min(T + CHUNK - 1, ws.max_tokens))
-    fi_gather(ssm, ws, meta, ns, error_flag)
-    graph = ws.graphs.get((fi_fn, ns, every, sc))
-    if graph is not None and not torch.cuda.is_current_stream_capturing():
-        graph.replay()
-        ws.calls["graph"] += 1
-    else:
-        _fi_call(fi_fn, ws, ns, every, sc)
-        ws.calls["eager"] += 1
-    fi_scatter(ssm, ws, meta, ns, n_ck, every, error_flag)
-    return out.copy_(ws.out[:T])
+    T_ws = min(T + CHUNK - 1, ws.max_tokens)
+    for s0 in range(0, ns, ws.max_seqs):  # groups of up to max_seqs sequences (module docstring)
+        n = min(ws.max_seqs, ns - s0)
+        fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, n, every, error_flag, interpreting(),
+                T_ws=T_ws, seq0=s0, ns_total=ns)
+        fi_gather(ssm, ws, meta, n, error_flag, seq0=s0)
+        graph = ws.graphs.get((fi_fn, n, every, sc))
+        if graph is not None and not torch.cuda.is_current_stream_capturing():
+            graph.replay()
+            ws.calls["graph"] += 1
+        else:
+            _fi_call(fi_fn, ws, n, every, sc)
+            ws.calls["eager"] += 1
+        fi_scatter(ssm, ws, meta, n, n_ck, every, error_flag, seq0=s0)
+        fi_out(ws, out, meta, n, seq0=s0)
+    return out
 
 
 def _fi_call(fn, ws: FiWorkspace, ns: int, every: int, scale: float):
@@ -316,8 +327,8 @@ def _capture_all(ws, block_size, scale, fi_fn):
 def make_fi_workspace(max_tokens, max_seqs, HK, HV, K, V, dtype, state_dtype, device,
                       max_checkpoints=None):
     """(FiWorkspace, None) where the FlashInfer path can run for these shapes and dtypes on this
-    device, else (None, why not). ``max_seqs``: prefill rows per step it takes (steps with more
-    run on our kernel); ``max_checkpoints`` default max_tokens // 64 (every step fits whatever
+    device, else (None, why not). ``max_seqs``: prefill rows per FlashInfer call (a step with
+    more runs its rows in groups); ``max_checkpoints`` default max_tokens // 64 (every step fits whatever
     interval its starts need)."""
     q = torch.empty(0, HK, K, dtype=dtype, device=device)
     why = fi_unsupported(q, torch.empty(0, HV, V, dtype=dtype, device=device),
@@ -345,6 +356,6 @@ def fi_route(workspace, step, T: int, ssm, out):
         return None
     every = fi_every(step.prefill.block_size, host.prefill_starts)
     ns = host.num_prefills
-    if every is None or T > fw.max_tokens or ns > fw.max_seqs or T // every > fw.max_checkpoints:
+    if every is None or T > fw.max_tokens or T // every > fw.max_checkpoints:
         return None
     return every, ns

@@ -31,8 +31,8 @@ def spec_lookahead(k: int) -> int:
     return k + 1
 
 _log = logging.getLogger("vllm.gdn_graphs")
-# prefill rows a FlashInfer step takes (its initial/final states: 2 MiB each at HV 32): a step
-# with more runs on our kernel
+# prefill rows one FlashInfer call takes (its initial/final states: 2 MiB each at HV 32): a step
+# with more runs its rows in groups of this many, one call (graph replay) each
 FI_MAX_SEQS = 64
 
 

@@ -161,7 +161,7 @@ kernels = [
     (F._fi_gather_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE), dict(ssm="*fp32", h0="*fp32")),
     (F._fi_scatter_kernel, dict(N_ELEM=HV * V * K, TILE=F.STATE_TILE, BS=64),
      dict(ssm="*fp32", ck_states="*fp32", h_final="*fp32", cu64="*i64", ckcu="*i64")),
-    (F._fi_out_kernel, dict(HV=HV, V=V, BV=V, BT=16), dict(cu64="*i64")),  # (no error flag)
+    (F._fi_out_kernel, dict(HV=HV, V=V, BV=V, BT=64), dict(cu64="*i64")),  # (no error flag)
 ]
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
 ints = ("T", "T_ws", "seq0", "num_seqs", "ns_total", "max_seqs", "every", "n_ck_prog", "max_ckpts",

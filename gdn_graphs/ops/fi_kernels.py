@@ -295,7 +295,7 @@ def fi_scatter(ssm, ws, meta, num_seqs: int, n_ck: int, every: int, error_flag=N
         N_ELEM=n_elem, TILE=STATE_TILE, BS=triton.next_power_of_2(ws.max_seqs + 1), num_warps=4)
 
 
-def fi_out(ws, out, meta, num_seqs: int, seq0: int = 0, block_t: int = 16, num_warps: int = 4):
+def fi_out(ws, out, meta, num_seqs: int, seq0: int = 0, block_t: int = 64, num_warps: int = 4):
     """Launch the copy of FlashInfer's outputs for the group seq0 .. seq0 + num_seqs - 1 (ws.out
     from row 0) into their rows of ``out`` (contiguous heads; its rows past the tokens are the
     prep's). Exact: a copy."""

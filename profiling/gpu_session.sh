@@ -6,7 +6,8 @@
 # launch knobs only; BENCHES="bench_decode" picks), demo (gdn-graphs demo at full size), profile
 # (gdn-graphs profile, qwen3-next preset), soak (profiling/soak.py, 10,000 steps full vs eager),
 # sanitizer (compute-sanitizer memcheck/racecheck/synccheck over tests/test_gpu_safety.py's
-# random plans), safety (soak and the three sanitizer tools at once). .whl holds wheels the GPU
+# random plans), safety (soak and the three sanitizer tools at once), run (RUN="script args": a
+# one-off probe, OUT set to the session folder). .whl holds wheels the GPU
 # image lacks (nvtx, fla-core) for Python 3.12; see
 # profiling/README.md. OLD=DIR runs bench/demo from another tree (DIR holds its gdn_graphs and
 # profiling/) with results under $W/old: a before/after comparison in one session
@@ -76,6 +77,9 @@ for what in ${@:-tests bench}; do
            rc=0; for p in "${pids[@]}"; do wait $p || rc=$?; done
            tail -2 "$W/soak.log"
            for tool in memcheck racecheck synccheck; do echo "$tool: $(tail -1 "$W/sanitizer_$tool.log")"; done ;;
+    run)   # a one-off probe (RUN="path/to/script.py args"), its OUT the session folder
+           OUT=$W timeout "${RUN_TIMEOUT:-300}" python3 $RUN > "$W/run.log" 2>&1; rc=$?
+           tail -${RUN_TAIL:-20} "$W/run.log" ;;
     *) echo "unknown target $what"; rc=2 ;;
   esac
   summary+=("$what: rc=$rc in $(( $(date +%s) - t0 )) s")

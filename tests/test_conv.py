@@ -280,6 +280,35 @@ def test_prefill_padding_beyond_chunk_table(device):
     check_prefill(x, weight, None, base, C, W, 64, [(0, 5, NO_SLOT, 0, [])])
 
 
+@pytest.mark.parametrize("dt,block_c,tail_from", [(bf16, 8, 16), (f32, 16, 32)])
+def test_prefill_tail_out_same_bits(device, dt, block_c, tail_from):
+    """tail_out: channels tail_from.. land in the second buffer with the bits a plain call puts
+    in out (padding rows' zeros too), out's columns there stay untouched, the pool is the same."""
+    gen = torch.Generator().manual_seed(21)
+    rng = random.Random(21)
+    C, W, B = 40, 4, 64
+    weight = torch.randn(C, W, generator=gen).to(device)
+    bias = torch.randn(C, generator=gen).to(device)
+    seqs, used = batch_seqs([70, 1, 130, 3], [0, 63, 100, 128], B, rng)
+    _, base = make_pool(used + 2, C, W, bf16, device)
+    fill_read_slots(base, C, W, seqs, gen)
+    x = rand_rows(sum(s[1] for s in seqs) + 9, C, dt, device, gen)
+    T = x.shape[0]
+    y, pool, meta = run_prefill(x, weight, bias, base, C, W, B, seqs, block_c=block_c)
+    out = torch.full((T, C), float("nan"), dtype=dt, device=device)
+    tail = torch.full((T + 5, C - tail_from + 3), float("nan"), dtype=dt, device=device)
+    tail_view = tail[2:T + 2, 1:C - tail_from + 1]  # a row stride of its own
+    pool2 = base.clone()
+    r = conv_prefill(x, weight, bias, pool_view(pool2, C, W), meta, out=out, block_c=block_c,
+                     tail_out=tail_view, tail_from=tail_from)
+    assert r is out
+    assert_bits_equal(out[:, :tail_from], y[:, :tail_from], "head channels")
+    assert_bits_equal(tail_view, y[:, tail_from:], "tail channels")
+    assert torch.isnan(out[:, tail_from:]).all(), "out's tail columns must stay untouched"
+    assert torch.isnan(tail[:2]).all() and torch.isnan(tail[:, 0]).all(), "outside tail_out"
+    assert_bits_equal(pool2, pool, "pool")
+
+
 def _warm_vs_cold(device, C, dt, L, resumes, cuts, B=64, W=4, seed=5):
     """Cold: one request of L tokens from 0. Warm: requests resuming at the block boundaries
     ``resumes``, each from its checkpoint (one batch). Chained: steps between ``cuts`` (mid-chunk
@@ -395,6 +424,16 @@ def test_bad_input_raises(device):
         dict(weight=torch.randn(C, 1, device=device)),
         dict(conv=torch.zeros(4, C + 1, W - 1, device=device)),
         dict(activation="gelu"),
+        dict(tail_out=torch.zeros(6, C - 8, device=device)),        # without tail_from
+        dict(tail_out=torch.zeros(6, C - 12, device=device), tail_from=12, block_c=8),  # mid-tile
+        dict(tail_out=torch.zeros(6, C - 8, device=device), tail_from=8, block_c=16),
+        dict(tail_out=torch.zeros(5, C - 8, device=device), tail_from=8, block_c=8),    # rows
+        dict(tail_out=torch.zeros(6, C - 8, device=device, dtype=torch.bfloat16), tail_from=8,
+             block_c=8),
+        dict(tail_out=torch.zeros(6, C, device=device)[:, 8:].t().contiguous().t(), tail_from=8,
+             block_c=8),                                         # channels not contiguous
+        dict(tail_out=x[:, 8:], tail_from=8, block_c=8),         # overlaps x
+        dict(tail_out=torch.zeros(6, 0, device=device), tail_from=C, block_c=8),  # nothing left
     ]
     for kw in bad_prefill:
         args = dict(x=x, weight=w, bias=b, conv=pool, meta=meta)

@@ -150,6 +150,73 @@ def test_gpu_fi_core_steps_equal_one_step(fi_gpu, monkeypatch):
     _core_steps("cuda", dims, make, 2048, 256, [1024, 960], monkeypatch)
 
 
+def _conv_into_workspace(device, dims, make_fi, monkeypatch):
+    """A step of a decode row and three aligned prefill rows (one from a stored block state)
+    through run_gdn_core: the conv writing v straight into the FiWorkspace (one group, the default)
+    gives the bits of the conv writing it to its own output and the prep copying it (outputs,
+    conv and state pools)."""
+    from gdn_graphs.ops.chunk import ChunkWorkspace
+    from gdn_graphs.runtime import core
+    from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
+    from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
+
+    HK, HV, K, V = dims
+    W, C, B, S = 4, 2 * HK * K + HV * V, 128, 32
+    gen = torch.Generator().manual_seed(3)
+    w = GDNWeights((0.5 * torch.randn(C, W, generator=gen)).to(BF).to(device), None,
+                   torch.rand(HV, generator=gen).to(device), torch.randn(HV, generator=gen).to(device))
+    rows = [(5, 1), (0, 300), (256, 100), (0, 64)]  # (start, tokens): a decode row first
+    T = sum(q for _, q in rows) + 7
+    x, a, b = (torch.randn(T, n, generator=gen).to(BF).to(device) for n in (C, HV, HV))
+    conv0 = torch.randn(S, C, W - 1, generator=gen).to(BF).to(device)
+    ssm0 = (0.3 * torch.randn(S, HV, V, K, generator=gen)).to(device)
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(4)]
+    seen = []
+    real = core.gdn_fi_prefill
+    monkeypatch.setattr(core, "gdn_fi_prefill",
+                        lambda *a, **kw: seen.append(kw["v_in_workspace"]) or real(*a, **kw))
+
+    def run():
+        planner = GDNPlanner(PlanLimits(max_seqs=4, max_tokens=T, block_size=B, num_slots=S,
+                                        max_blocks_per_seq=8), device)
+        ws = ChunkWorkspace(T, HV, K, V, BF, device, HK=HK)
+        ws.fi = make_fi(T)
+        pools = GDNPools(conv0.clone(), ssm0.clone())
+        step = planner.plan([n for n, _ in rows], [q for _, q in rows], tables)
+        out = torch.full((T, HV, V), float("nan"), dtype=BF, device=device)
+        run_gdn_core(x, a, b, w, pools, step, out, ws)
+        return out, pools
+
+    o1, p1 = run()
+    with monkeypatch.context() as m:
+        m.setattr(core, "prefill_tail_ok", lambda *args: False)
+        o2, p2 = run()
+    assert seen == [True, False], seen
+    assert_bits_equal(o1, o2, "outputs")
+    assert_bits_equal(p1.ssm, p2.ssm, "state pool")
+    assert_bits_equal(p1.conv, p2.conv, "conv pool")
+    assert torch.isfinite(o1.float()).all()
+
+
+def test_core_conv_into_workspace_keeps_the_bits(monkeypatch):
+    _conv_into_workspace("cpu", DIMS, lambda T: FiWorkspace(
+        T, 3, *DIMS, BF, "cpu", max_checkpoints=T // 64, fn=fi_standin.chunk_gated_delta_rule),
+        monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_core_conv_into_workspace_keeps_the_bits(fi_gpu, monkeypatch):
+    """The same with the real FlashInfer at its head size (make_fi_workspace, as in vLLM)."""
+    from gdn_graphs.ops.fi_prefill import make_fi_workspace
+
+    def make(T):
+        ws, why = make_fi_workspace(T, 3, 2, 4, 128, 128, BF, torch.float32, "cuda")
+        assert ws is not None, why
+        return ws
+
+    _conv_into_workspace("cuda", (2, 4, 128, 128), make, monkeypatch)
+
+
 _COMPILE_SCRIPT = r"""
 from gdn_graphs.ops import fi_kernels as F
 from sm90_compile import compile_sm90, ptxas_report
@@ -164,7 +231,7 @@ kernels = [
     (F._fi_out_kernel, dict(HV=HV, V=V, BV=V, BT=64), dict(cu64="*i64")),  # (no error flag)
 ]
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
-ints = ("T", "T_ws", "seq0", "num_seqs", "ns_total", "max_seqs", "every", "n_ck_prog", "max_ckpts",
+ints = ("T", "T_ws", "seq0", "num_seqs", "ns_total", "max_seqs", "every", "v_ready", "n_ck_prog", "max_ckpts",
         "num_slots", "block_size")
 for (heur, consts, special), has_flag in [(k, f) for k in kernels for f in (True, False)]:
     if not hasattr(heur, "values"):  # a plain jit function: no flag to compile out

@@ -28,6 +28,10 @@ chunk and checkpoint entries outside their tables or the span are skipped, and e
 sets a code in the optional ``error_flag`` (gdn_graphs.ops.common). All of it is scalar
 arithmetic and masks on existing accesses: valid inputs compute exactly what they did.
 
+``conv_prefill(..., tail_out=, tail_from=)`` writes the channels from tail_from on into a second
+buffer instead of ``out`` (the FlashInfer path passes its workspace's contiguous v, which the prep
+would otherwise copy there): the same values, one store per element either way.
+
 Supported kernel widths: 2 <= W <= 8 (tested: 2, 3, 4, 6). Arithmetic is fp32 with the same
 operation sequence everywhere (taps oldest first, then bias, then SiLU), so a token's output does
 not depend on which tile or kernel computed it: a warm run resumed from a stored window repeats the
@@ -43,9 +47,10 @@ import triton.language as tl
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_DTYPES,
                                    bad_slot, check_flag, check_meta, check_slots, clip_pos,
-                                   clip_span, fail, overlaps, report, slot_ok, span_chunks)
+                                   clip_span, fail, first_overlap, overlaps, report, slot_ok,
+                                   span_chunks)
 
-__all__ = ["conv_decode", "conv_prefill"]
+__all__ = ["conv_decode", "conv_prefill", "prefill_tail_ok"]
 
 MAX_WIDTH = 8
 _ACTIVATIONS = ("silu", None)
@@ -128,6 +133,19 @@ def _bias_act(acc, bias, o_c, m_c, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
 
 
 @triton.jit
+def _store_y(y, y_tail, rows, o_c, val, mask, stride_y, stride_yt, tail_from, to_tail):
+    """Prefill outputs of rows ``rows`` and channels ``o_c``: into y, or, for a channel block at
+    or past ``tail_from`` (``to_tail``, one value per program), into y_tail at channel
+    o_c - tail_from (conv_prefill's ``tail_out``). A uniform branch: one store either way."""
+    r64 = rows.to(tl.int64)[:, None]
+    if to_tail:
+        tl.store(y_tail + r64 * stride_yt + (o_c - tail_from)[None, :], val.to(y_tail.dtype.element_ty),
+                 mask=mask)
+    else:
+        tl.store(y + r64 * stride_y + o_c[None, :], val.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x, stride_sk,
                  W: tl.constexpr):
     """[BLOCK_C, WP] window whose entry m is the input at span index r = r0 + m: x[bos + r] when
@@ -147,13 +165,13 @@ def _load_window(x, init, bos, r0, q, ok, has_init, o_c, m_c, o_m, m_m, stride_x
 @triton.heuristics({"HAS_BIAS": lambda args: args["bias"] is not None,
                     "HAS_FLAG": lambda args: args["error_flag"] is not None})
 @triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "max_ckpts", "num_slots",
-                               "stride_slot"])
+                               "stride_slot", "tail_from", "stride_yt"])
 def _conv_prefill_kernel(
-    x, weight, bias, conv, y,
+    x, weight, bias, conv, y, y_tail,
     cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, chunk_seq, chunk_idx,
     error_flag,
-    T, C, max_seqs, max_chunks, max_ckpts, num_slots, block_size,
-    stride_x, stride_y, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
+    T, C, max_seqs, max_chunks, max_ckpts, num_slots, block_size, tail_from,
+    stride_x, stride_y, stride_yt, stride_wc, stride_wk, stride_slot, stride_sc, stride_sk,
     W: tl.constexpr, WP: tl.constexpr, BT: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):
@@ -164,6 +182,9 @@ def _conv_prefill_kernel(
     o_c = i_c * BLOCK_C + tl.arange(0, BLOCK_C)
     m_c = o_c < C
     o_r = tl.arange(0, BT)
+    # the channel block's outputs go to y_tail from tail_from on (tail_from = C: none do; the
+    # launcher makes tail_from a multiple of BLOCK_C, so a block lies on one side)
+    to_tail = i_c * BLOCK_C >= tail_from
 
     # Tokens [total, T) belong to no sequence: tile i_t zeroes its share of them. The grid has at
     # least cdiv(T, BT) rows, so every such token is covered.
@@ -171,8 +192,8 @@ def _conv_prefill_kernel(
     if (i_t + 1) * BT > total:
         r = i_t * BT + o_r
         m = (r >= total) & (r < T)
-        tl.store(y + r.to(tl.int64)[:, None] * stride_y + o_c[None, :],
-                 tl.zeros([BT, BLOCK_C], dtype=y.dtype.element_ty), mask=m[:, None] & m_c[None, :])
+        _store_y(y, y_tail, r, o_c, tl.zeros([BT, BLOCK_C], dtype=tl.float32),
+                 m[:, None] & m_c[None, :], stride_y, stride_yt, tail_from, to_tail)
     report(error_flag, (i_t == 0) & (i_c == 0) & ((total < 0) | (total > T)), ERR_TOKENS_C,
            HAS_FLAG)
     if i_t >= max_chunks:
@@ -211,8 +232,8 @@ def _conv_prefill_kernel(
         wk = tl.load(weight + o_c * stride_wc + k * stride_wk, mask=m_c, other=0.0).to(tl.float32)
         acc += v * wk[None, :]
     acc = _bias_act(acc, bias, o_c, m_c, HAS_BIAS, SILU)
-    tl.store(y + rows.to(tl.int64)[:, None] * stride_y + o_c[None, :], acc.to(y.dtype.element_ty),
-             mask=m_r[:, None] & m_c[None, :])
+    _store_y(y, y_tail, rows, o_c, acc, m_r[:, None] & m_c[None, :], stride_y, stride_yt,
+             tail_from, to_tail)
 
     if first:
         # All of this sequence's pool traffic, for this channel block.
@@ -252,8 +273,8 @@ def _conv_prefill_kernel(
             wkh = tl.load(weight + o_c * stride_wc + k * stride_wk, mask=m_c, other=0.0).to(tl.float32)
             acc_h += vh * wkh[None, :]
         acc_h = _bias_act(acc_h, bias, o_c, m_c, HAS_BIAS, SILU)
-        tl.store(y + (bos + o_m).to(tl.int64)[:, None] * stride_y + o_c[None, :],
-                 acc_h.to(y.dtype.element_ty), mask=m_h[:, None] & m_c[None, :])
+        _store_y(y, y_tail, bos + o_m, o_c, acc_h, m_h[:, None] & m_c[None, :], stride_y,
+                 stride_yt, tail_from, to_tail)
         pc = tl.zeros([BLOCK_C, WP], dtype=tl.int64) + o_c[:, None] * stride_sc + o_m[None, :] * stride_sk
         m_cm = m_c[:, None] & m_m[None, :]
         # Phase 1: the reads that may touch the pool. The final window is the last W - 1 inputs
@@ -337,6 +358,31 @@ def _check_common(fn, x, weight, bias, conv, out, activation, rows_name):
             fail(fn, f"{name} is on {t.device}, x on {x.device}")
 
 
+def prefill_tail_ok(C: int, tail_from: int, block_c: int | None = None) -> bool:
+    """Whether conv_prefill over C channels (channel tile ``block_c``, default its default) can
+    send channels tail_from.. to a tail_out: tail_from must be a multiple of the tile."""
+    bc = min(PREFILL_BLOCK_C, triton.next_power_of_2(C)) if block_c is None else block_c
+    return 0 < tail_from < C and tail_from % bc == 0
+
+
+def _check_tail(x, out, tail_out, tail_from, BLOCK_C):
+    """conv_prefill's tail_out / tail_from (see its docstring)."""
+    T, C = x.shape
+    if not prefill_tail_ok(C, tail_from, BLOCK_C):
+        fail("conv_prefill", f"tail_from must be a multiple of the channel tile {BLOCK_C} in "
+             f"(0, {C}), got {tail_from}")
+    if tail_out.dim() != 2 or tuple(tail_out.shape) != (T, C - tail_from):
+        fail("conv_prefill", f"tail_out must be [{T}, {C - tail_from}], got {tuple(tail_out.shape)}")
+    if tail_out.dtype != x.dtype or tail_out.device != x.device:
+        fail("conv_prefill", f"tail_out must have x's dtype and device ({x.dtype}, {x.device}), "
+             f"got {tail_out.dtype}, {tail_out.device}")
+    if C - tail_from > 1 and tail_out.stride(1) != 1:
+        fail("conv_prefill", f"tail_out must be contiguous along channels, got {tail_out.stride()}")
+    hit = first_overlap(tail_out, {"x": x, "out": out})
+    if hit is not None:
+        fail("conv_prefill", f"tail_out must not overlap {hit}")
+
+
 def _block_c(fn, block_c, default, C):
     """The channel tile: ``block_c``, or ``default`` capped at C rounded up to a power of two."""
     bc = min(default, triton.next_power_of_2(C)) if block_c is None else block_c
@@ -364,17 +410,20 @@ def _launch_decode(x, weight, bias, conv, out, read_slot, write_slot, silu, BLOC
 
 
 def _launch_prefill(x, weight, bias, conv, out, meta, tiles, silu, BLOCK_C, BLOCK_E, num_warps,
-                    error_flag=None):
-    """Grid (cdiv(C, BLOCK_C), tiles) over x [T, C]; writes out [T, C] (padding rows too) and the
-    write and checkpoint slots of conv."""
+                    error_flag=None, tail_out=None, tail_from=None):
+    """Grid (cdiv(C, BLOCK_C), tiles) over x [T, C]; writes out [T, C] (padding rows too; channels
+    tail_from.. into tail_out [T, C - tail_from] instead, when given) and the write and checkpoint
+    slots of conv."""
     (T, C), W = x.shape, weight.shape[1]
+    if tail_out is None:  # no block goes to the tail (y_tail is never dereferenced then)
+        tail_out, tail_from = out, C
     _conv_prefill_kernel[(triton.cdiv(C, BLOCK_C), tiles)](
-        x, weight, bias, conv, out,
+        x, weight, bias, conv, out, tail_out,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, meta.chunk_seq, meta.chunk_idx, error_flag,
         T, C, meta.max_seqs, meta.max_chunks, meta.ckpt_slots.shape[0], conv.shape[0],
-        meta.block_size,
-        x.stride(0), out.stride(0), weight.stride(0), weight.stride(1),
+        meta.block_size, tail_from,
+        x.stride(0), out.stride(0), tail_out.stride(0), weight.stride(0), weight.stride(1),
         conv.stride(0), conv.stride(1), conv.stride(2),
         W=W, WP=triton.next_power_of_2(W - 1), BT=CHUNK, BLOCK_C=BLOCK_C, BLOCK_E=BLOCK_E,
         SILU=silu, num_warps=num_warps,
@@ -423,7 +472,7 @@ def conv_decode(x, weight, bias, conv, read_slot, write_slot, out=None, activati
 
 
 def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, block_c=None,
-                 num_warps=None, block_e=None, error_flag=None):
+                 num_warps=None, block_e=None, error_flag=None, tail_out=None, tail_from=None):
     """Varlen prefill: causal depthwise conv1d per sequence, storing windows into the pool.
 
     x           [T, C] float16/bfloat16/float32, channels contiguous, any row stride. Tokens of
@@ -445,6 +494,12 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
     out         [T, C], x's dtype, channels contiguous, not overlapping x; allocated when None.
     activation  "silu" or None.
     error_flag  optional int32 [>= 1]: gdn_graphs.ops.common's codes are OR-ed into element 0.
+    tail_out, tail_from  optional: channels tail_from .. C-1 of every row (padding rows too) are
+                written to tail_out[t, c - tail_from] instead of out, whose columns there are then
+                left as they were (the FlashInfer path hands its workspace's v here, saving a
+                copy). tail_out [T, C - tail_from], x's dtype, channels contiguous, overlapping
+                neither x nor out; tail_from a multiple of the channel tile (block_c, default 64
+                or C's power of two), 0 < tail_from < C. Same values, bit for bit, either way.
     Returns out. Graph-safe: grid (cdiv(C, block_c), max(meta.max_chunks, cdiv(T, 64))) depends on
     buffer sizes only; no sync; no allocation if out is given. block_e: checkpoints per iteration.
     """
@@ -459,6 +514,10 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
     if T == 0 or C == 0:
         return out
     BLOCK_C = _block_c("conv_prefill", block_c, PREFILL_BLOCK_C, C)
+    if (tail_out is None) != (tail_from is None):
+        fail("conv_prefill", "tail_out and tail_from go together")
+    if tail_out is not None:
+        _check_tail(x, out, tail_out, int(tail_from), BLOCK_C)
     BLOCK_E = PREFILL_BLOCK_E if block_e is None else block_e
     if BLOCK_E < 1 or BLOCK_E & (BLOCK_E - 1):
         fail("conv_prefill", f"block_e must be a power of two, got {BLOCK_E}")
@@ -467,5 +526,6 @@ def conv_prefill(x, weight, bias, conv, meta, out=None, activation="silu", *, bl
         fail("conv_prefill", f"{tiles} chunk tiles exceed 65535: split the batch (T = {T}, "
              f"max_chunks = {meta.max_chunks})")
     _launch_prefill(x, weight, bias, conv, out, meta, tiles, activation == "silu", BLOCK_C, BLOCK_E,
-                    PREFILL_NUM_WARPS if num_warps is None else num_warps, error_flag)
+                    PREFILL_NUM_WARPS if num_warps is None else num_warps, error_flag, tail_out,
+                    None if tail_from is None else int(tail_from))
     return out

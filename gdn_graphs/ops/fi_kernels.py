@@ -11,7 +11,7 @@ holds the group's tokens from its row 0: token ``base + r`` in row r, base = cu_
 
 ``_fi_prep_kernel`` (one program per (token tile, key head))
     q, k -> l2-normalised (q not scaled: FlashInfer applies ``scale`` itself) in the input dtype;
-    v copied contiguous; alpha = exp(g), beta = sigmoid(b) in fp32 for the key head's value heads;
+    v copied contiguous (unless the conv wrote it there already: ``v_ready``); alpha = exp(g), beta = sigmoid(b) in fp32 for the key head's value heads;
     the caller's output rows past every group's tokens zeroed (by the last group: FlashInfer
     writes only its sequences' rows), and the workspace rows past the group's tokens zeroed, up
     to ``T_ws`` in a call of one group, 63 rows in a call of several (FlashInfer's TMA tiles of
@@ -96,11 +96,12 @@ def _l2norm_rows(src, dst, s64, r64, s_t, i_hk, o_k, m_tk, m_lk, HK: tl.constexp
 
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
 @triton.jit(do_not_specialize=["T", "T_ws", "seq0", "num_seqs", "ns_total", "max_seqs", "every",
-                               "s_qt", "s_kt", "s_vt", "s_at", "s_bt", "s_ot"])
+                               "v_ready", "s_qt", "s_kt", "s_vt", "s_at", "s_bt", "s_ot"])
 def _fi_prep_kernel(
     q, k, v, a, b, A_log, dt_bias, out,
     qn, kn, vc, alpha, beta, cu_seqlens, cu64, ckcu, error_flag,
-    T, T_ws, seq0, num_seqs, ns_total, max_seqs, every, s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
+    T, T_ws, seq0, num_seqs, ns_total, max_seqs, every, v_ready,
+    s_qt, s_kt, s_vt, s_at, s_bt, s_ot,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
     INTERPRET: tl.constexpr, HAS_FLAG: tl.constexpr,
@@ -143,12 +144,16 @@ def _fi_prep_kernel(
     _l2norm_rows(k, kn, src, r64, s_kt, i_hk, o_k, m_tk, m_lk, HK, K, DT, INTERPRET)
     # the caller's padding rows (past every group's tokens): zeros, by the last group
     pad = (seq0 + num_seqs == ns_total) & (src < T) & (rows >= t_live)
+    # v_ready: the conv wrote the live rows of v into the workspace already (conv_prefill's
+    # tail_out); only the zero rows past them are written here
+    copy_v = live & (v_ready == 0)
+    m_vw = m_t & (~live | (v_ready == 0))
     for j in tl.static_range(G):
         i_h = i_hk * G + j
-        m_tv = m_t[:, None] & m_v[None, :]
-        x = tl.load(v + src[:, None] * s_vt + i_h * V + o_v[None, :], mask=live[:, None] & m_v[None, :],
+        x = tl.load(v + src[:, None] * s_vt + i_h * V + o_v[None, :], mask=copy_v[:, None] & m_v[None, :],
                     other=0.)
-        tl.store(vc + r64[:, None] * (HV * V) + i_h * V + o_v[None, :], x.to(DT), mask=m_tv)
+        tl.store(vc + r64[:, None] * (HV * V) + i_h * V + o_v[None, :], x.to(DT),
+                 mask=m_vw[:, None] & m_v[None, :])
         tl.store(out + src[:, None] * s_ot + i_h * V + o_v[None, :],
                  tl.zeros([BT, BV], dtype=out.dtype.element_ty), mask=pad[:, None] & m_v[None, :])
         b_a = tl.load(a + src * s_at + i_h, mask=live, other=0.).to(tl.float32)
@@ -252,12 +257,14 @@ def _fi_out_kernel(ws_out, out, cu_seqlens, cu64, T, seq0, num_seqs, s_ot,
 
 def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: int, error_flag=None,
             interpret: bool = False, block_t: int = 16, num_warps: int = 4, T_ws: int | None = None,
-            seq0: int = 0, ns_total: int | None = None):
+            seq0: int = 0, ns_total: int | None = None, v_ready: bool = False):
     """Launch the prep kernel (no checks; see gdn_fi_prefill) for the group of sequences
     seq0 .. seq0 + num_seqs - 1 of ns_total (default: all of them, seq0 = 0): ws.q/k/v/alpha/beta
     from row 0 (the group's tokens, then zeros and alpha 1: up to T_ws, default T = q.shape[0],
     for the first group, 63 rows for a later one), ws.cu64 and ws.ckcu[:num_seqs + 1] (counted
-    from the group's first token), and, by the last group, out's padding rows (of its first T)."""
+    from the group's first token), and, by the last group, out's padding rows (of its first T).
+    v_ready: ws.v's live rows already hold v (a call of one group whose conv wrote them); v is
+    then not read, and only ws.v's rows past the live tokens are written (zeros)."""
     T, HK, K = q.shape
     T_ws = T if T_ws is None else T_ws
     ns_total = num_seqs if ns_total is None else ns_total
@@ -268,7 +275,7 @@ def fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, num_seqs: int, every: 
     _fi_prep_kernel[(triton.cdiv(T_ws, block_t), HK)](
         q, k, v, a, b, A_log, dt_bias, out,
         ws.q, ws.k, ws.v, ws.alpha, ws.beta, meta.cu_seqlens, ws.cu64, ws.ckcu, error_flag,
-        T, T_ws, seq0, num_seqs, ns_total, meta.max_seqs, every,
+        T, T_ws, seq0, num_seqs, ns_total, meta.max_seqs, every, int(bool(v_ready)),
         q.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), out.stride(0),
         HK=HK, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
         BT=block_t, BS=BS, INTERPRET=interpret, num_warps=num_warps,

@@ -9,7 +9,8 @@ argument handling), so calls of a few thousand tokens ran at the host's pace
 that call once per (rows, checkpoint interval) in a CUDA graph over the workspace's persistent
 buffers; a call then replays it. The steps:
 
-    1. fi_prep     (Triton) l2-normalised q, k and contiguous v in the input dtype, alpha = exp(g)
+    1. fi_prep     (Triton) l2-normalised q, k and contiguous v in the input dtype (v written by
+                   the conv instead when the caller says so: ``v_in_workspace``), alpha = exp(g)
                    and beta = sigmoid(b) in fp32, int64 cu_seqlens and checkpoint offsets, into a
                    caller-owned FiWorkspace; padding rows of ``out`` zeroed
     2. fi_gather   (Triton) initial states from the read slots (FlashInfer's initial_state is one
@@ -192,7 +193,7 @@ def _check_fi(q, v, ssm, meta, out, ws, num_seqs, every, n_ck):
 
 def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, workspace: FiWorkspace,
                    scale=None, error_flag=None, num_seqs: int | None = None, every: int | None = None,
-                   fi_fn=None):
+                   fi_fn=None, v_in_workspace: bool = False):
     """gdn_chunk_prefill's contract on FlashInfer's kernel (module docstring for the scheme).
 
     Args as gdn_chunk_prefill (q, k [T, HK, K] and v [T, HV, V] views with contiguous heads; a, b
@@ -209,6 +210,10 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
             divides block_size and every start position (fi_every computes it on the host).
         fi_fn: the chunk_gated_delta_rule to call (default workspace.fn, else FlashInfer's;
             tests inject a stand-in).
+        v_in_workspace: the caller has written v's T rows into ``workspace.v`` already
+            (conv_prefill with tail_out=workspace.v[:T] viewed [T, HV * V]: the prep's copy of v
+            is then skipped; ``v`` gives shapes only). A call of one group only (num_seqs <=
+            workspace.max_seqs): later groups' tokens must move to the workspace's row 0.
     Returns ``out``. No host sync, no allocation; FlashInfer compiles its kernel on first use
     (one configuration for every call here: initial state and checkpoints always on). Its call
     replays a graph of fi_capture's when there is one for (fn, num_seqs, every, scale) and no
@@ -223,6 +228,9 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
     if out is None:
         _fail("out is required (FlashInfer writes it in place)")
     _check_fi(q, v, ssm, meta, out, workspace, ns, every, n_ck)
+    if v_in_workspace and ns > workspace.max_seqs:
+        _fail(f"v_in_workspace needs one group: {ns} sequences, the workspace holds "
+              f"{workspace.max_seqs} a call")
     fi_fn = fi_fn or workspace.fn
     if fi_fn is None:
         fi_fn, why = load_fi()
@@ -238,7 +246,7 @@ def gdn_fi_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out, wor
     for s0 in range(0, ns, ws.max_seqs):  # groups of up to max_seqs sequences (module docstring)
         n = min(ws.max_seqs, ns - s0)
         fi_prep(q, k, v, a, b, A_log, dt_bias, out, ws, meta, n, every, error_flag, interpreting(),
-                T_ws=T_ws, seq0=s0, ns_total=ns)
+                T_ws=T_ws, seq0=s0, ns_total=ns, v_ready=v_in_workspace)
         fi_gather(ssm, ws, meta, n, error_flag, seq0=s0)
         graph = ws.graphs.get((fi_fn, n, every, sc))
         if graph is not None and not torch.cuda.is_current_stream_capturing():

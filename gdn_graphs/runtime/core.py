@@ -37,7 +37,7 @@ import torch
 
 from gdn_graphs import nvtx
 from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
-from gdn_graphs.ops.conv import conv_decode, conv_prefill
+from gdn_graphs.ops.conv import conv_decode, conv_prefill, prefill_tail_ok
 from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.fi_prefill import fi_route, gdn_fi_prefill
@@ -149,15 +149,21 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
     if n_pre:
         with nvtx.range("gdn.core.prefill", layer):
             sl = slice(nd, nd + n_pre)
-            conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
-                         out=conv_out[sl], error_flag=flag)
-            q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
             # FlashInfer's kernel where the engine gave it a workspace and the step allows it
-            # (gdn_graphs.ops.fi_prefill: same contract, fp32 pools, 64-aligned starts)
+            # (gdn_graphs.ops.fi_prefill: same contract, fp32 pools, 64-aligned starts); in one
+            # group, the conv writes v straight into its workspace (no copy of v in the prep)
             fi = fi_route(workspace, step, n_pre, pools.ssm, out[sl])
+            v_ws = (fi is not None and fi[1] <= workspace.fi.max_seqs
+                    and prefill_tail_ok(mixed_qkv.shape[1], 2 * HK * K))
+            tail = dict(tail_out=workspace.fi.v[:n_pre].view(n_pre, HV * V),
+                        tail_from=2 * HK * K) if v_ws else {}
+            conv_prefill(mixed_qkv[sl], w.conv_weight, w.conv_bias, pools.conv, step.prefill,
+                         out=conv_out[sl], error_flag=flag, **tail)
+            q, k, v = _split_qkv(conv_out[sl], HK, K, HV, V)
             if fi is not None:
                 gdn_fi_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm, step.prefill,
-                               out[sl], workspace.fi, error_flag=flag, num_seqs=fi[1], every=fi[0])
+                               out[sl], workspace.fi, error_flag=flag, num_seqs=fi[1], every=fi[0],
+                               v_in_workspace=v_ws)
             else:
                 # launch knobs by the host count of prefill rows (a template without its host
                 # plan: the default); every config computes the same bits

@@ -20,6 +20,7 @@ Scenarios:
           kernels compiled on a shape's first use are out of the measured ones; --ttft-len
           16000,32000: each length, the first in "ttft", the others in "ttft_more")
   decode  --decode-batch prompts of 256 tokens, --decode-tokens generated each: decode tokens/s
+          (--decode-repeats timed runs of fresh prompts: the median reported, every run kept)
   burst   for each --burst NxL: N fresh prompts of L tokens submitted at once, one token each
           (several prefill sequences per step, where the GDN prefill kernels differ most), then
           the same N again (warm): wall time, prefill tokens/s, TTFT spread, reuse; after an
@@ -108,6 +109,19 @@ def burst_scenario(llm, rng, vocab, shapes, greedy, whole_blocks, marks, t_up, s
                     "cold_walls_s": walls, "cold_median_wall_s": walls[len(walls) // 2],
                     "expected_warm_reuse": whole_blocks(length, length)}
     return out
+
+
+def decode_rate(outs, tokens):
+    """A decode run's rate from the engine's own timestamps: from the moment every request has its
+    first token to the last token, all rows decode (no prefill inside, no separate prefill run).
+    Returns span_s, tok_per_s (None without metrics) and the requests' median time per output
+    token."""
+    ms = [o.metrics for o in outs if o.metrics is not None]
+    span = max(m.last_token_ts for m in ms) - max(m.first_token_ts for m in ms) if ms else 0
+    tpot = sorted((m.last_token_ts - m.first_token_ts) / max(tokens - 1, 1) for m in ms)
+    return {"span_s": round(span, 4),
+            "tok_per_s": round(len(ms) * (tokens - 1) / span, 1) if span > 0 else None,
+            "median_tpot_ms": round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None}
 
 
 def write_profile(prof, path, title):
@@ -270,6 +284,9 @@ def main(argv=None):
                          "plugin too)")
     ap.add_argument("--decode-batch", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=256)
+    ap.add_argument("--decode-repeats", type=int, default=1,
+                    help="timed decode runs of fresh prompts in the engine (the median by the "
+                         "engine's rate is reported, every run under engine_decode_runs)")
     ap.add_argument("--burst", type=_bursts, default=[(16, 2048)], metavar="16x2048[,64x512]",
                     help="the burst scenario's shapes: N prompts of L tokens at once")
     ap.add_argument("--burst-repeats", type=int, default=3,
@@ -298,6 +315,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.burst_repeats < 1:
         ap.error(f"--burst-repeats must be at least 1, got {a.burst_repeats}")
+    if a.decode_repeats < 1:
+        ap.error(f"--decode-repeats must be at least 1, got {a.decode_repeats}")
     if a.host_profile or a.gpu_profile:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts
 
@@ -463,17 +482,21 @@ def main(argv=None):
         # batched steps mix decode rows with prefill rows: compare these tokens across configs too
         toks = [(list(o.outputs[0].token_ids), top2_margins(o.outputs[0])) for o in outs]
         dec = a.decode_batch * (a.decode_tokens - 1) / max(t_all - t_one, 1e-9)
-        # the same from the engine's own timestamps: from the moment every request has its first
-        # token to the last token, all rows decode (no prefill inside, no separate prefill run)
-        ms = [o.metrics for o in outs if o.metrics is not None]
-        span = max(m.last_token_ts for m in ms) - max(m.first_token_ts for m in ms) if ms else 0
-        tpot = sorted((m.last_token_ts - m.first_token_ts) / max(a.decode_tokens - 1, 1) for m in ms)
+        rates = [decode_rate(outs, a.decode_tokens)]
+        # --decode-repeats: more timed runs of fresh prompts in the same engine, so the spread
+        # within one engine is told apart from the spread between engine starts
+        for _ in range(a.decode_repeats - 1):
+            ps = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
+            rates.append(decode_rate(llm.generate(ps, greedy(a.decode_tokens), use_tqdm=False),
+                                     a.decode_tokens))
+        by_rate = sorted((r for r in rates if r["tok_per_s"]), key=lambda r: r["tok_per_s"])
+        mid = by_rate[len(by_rate) // 2] if by_rate else rates[0]
         S["decode"] = {"batch": a.decode_batch, "tokens": a.decode_tokens, "t_prefill_s": t_one,
                        "t_total_s": t_all, "decode_tok_per_s": round(dec, 1),
-                       "engine_decode_span_s": round(span, 4),
-                       "engine_decode_tok_per_s": round(len(ms) * (a.decode_tokens - 1) / span, 1)
-                       if span > 0 else None,
-                       "median_tpot_ms": round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None,
+                       "engine_decode_span_s": mid["span_s"],
+                       "engine_decode_tok_per_s": mid["tok_per_s"],
+                       "median_tpot_ms": mid["median_tpot_ms"],
+                       "engine_decode_runs": rates,
                        "runs": [{"tokens": t, "top2_margins": m} for t, m in toks]}
         if a.gpu_profile:
             ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]

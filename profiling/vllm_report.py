@@ -295,19 +295,30 @@ def print_jit(res: dict, summary: dict) -> None:
         summary["configs"][name]["jit_placed"] = placed
 
 
+def print_decode_runs(res: dict, summary: dict) -> None:
+    """Every timed decode run of a configuration (--decode-repeats), where there were several."""
+    for name, r in res.items():
+        runs = r["scenarios"].get("decode", {}).get("engine_decode_runs", [])
+        if len(runs) > 1:
+            summary["configs"][name]["decode_runs"] = runs
+            print(f"{name}: decode runs, engine tok/s {[x['tok_per_s'] for x in runs]}, median "
+                  f"TPOT ms {[x['median_tpot_ms'] for x in runs]}")
+
+
 def print_bursts(res: dict, summary: dict) -> None:
     """The burst scenario per configuration: wall time and prefill tokens/s, cold and warm."""
     for name, r in res.items():
         for shape, e in r["scenarios"].get("burst", {}).items():
             c, w = e["cold"], e["warm"]
             walls = e.get("cold_walls_s", [c["wall_s"]])  # (runs before --burst-repeats: one)
+            med = e.get("cold_median_wall_s", c["wall_s"])
             summary["configs"][name].setdefault("burst", {})[shape] = {
-                "cold_wall_s": c["wall_s"], "cold_walls_s": walls,
+                "cold_wall_s": c["wall_s"], "cold_walls_s": walls, "cold_median_wall_s": med,
                 "cold_prefill_tok_per_s": c["prefill_tok_per_s"], "warm_wall_s": w["wall_s"],
                 "warm_cached": w["num_cached_tokens"], "expected_warm_reuse": e["expected_warm_reuse"]}
-            print(f"{name}: burst {shape}: cold {c['wall_s']:.3f} s ({c['prefill_tok_per_s']:.0f} "
-                  f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}; all cold "
-                  f"bursts {walls}), warm "
+            print(f"{name}: burst {shape}: cold median {med:.3f} s (all cold bursts {walls}; the "
+                  f"one before the warm burst {c['wall_s']:.3f} s, {c['prefill_tok_per_s']:.0f} "
+                  f"prefill tok/s, TTFT min/median/max {c['ttft_s_min_median_max']}), warm "
                   f"{w['wall_s']:.3f} s (cached {sorted(set(w['num_cached_tokens']))} of "
                   f"{e['expected_warm_reuse']} expected)")
 
@@ -405,6 +416,7 @@ def main(argv=None):
         print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     print_bursts(res, summary)
+    print_decode_runs(res, summary)
     print_load_and_capacity(res, summary)
     print_spec(res, summary)
     print_jit(res, summary)

@@ -198,7 +198,7 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
       e2e e80_$tag $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \
-          --decode-tokens ${DEC80:-256} --burst ${BURST80:-16x2048,64x512}
+          --decode-tokens ${DEC80:-256} --decode-repeats ${DECREP80:-1} --burst ${BURST80:-16x2048,64x512}
     done ;;
   spec|spec_bf16)  # issue 12. spec: four float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),

@@ -81,3 +81,46 @@ def test_report_fails_a_burst_that_did_not_reuse(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     problems = report.check(report.load(tmp_path))
     assert problems == ["bf16_bad: burst 2x200 warm reused [0, 0], expected 192 each"]
+
+
+def test_decode_rate_from_engine_timestamps():
+    """decode_rate: the span from the last first token to the last token, every row decoding;
+    tokens/s over it; the median request's time per output token; no metrics, no rate."""
+    e2e = _module("vllm_e2e")
+    outs = [NS(metrics=NS(first_token_ts=f, last_token_ts=l))
+            for f, l in ((1.0, 3.0), (1.5, 3.5), (2.0, 4.5))] + [NS(metrics=None)]
+    r = e2e.decode_rate(outs, 11)
+    assert r["span_s"] == pytest.approx(2.5)  # 4.5 - 2.0
+    assert r["tok_per_s"] == pytest.approx(3 * 10 / 2.5, abs=0.05)
+    assert r["median_tpot_ms"] == pytest.approx(200.0)  # (2.0, 2.0, 2.5) s over 10 tokens
+    assert e2e.decode_rate([NS(metrics=None)], 11) == {"span_s": 0, "tok_per_s": None,
+                                                       "median_tpot_ms": None}
+
+
+def test_report_lists_decode_runs_and_burst_medians(capsys):
+    report = _module("vllm_report")
+    runs = [{"span_s": 1.0, "tok_per_s": t, "median_tpot_ms": 6.0} for t in (900.0, 1000.0, 950.0)]
+    cold = {"wall_s": 0.3, "prefill_tok_per_s": 10.0, "ttft_s_min_median_max": [0.1, 0.2, 0.3]}
+    res = {"x": {"scenarios": {
+        "decode": {"engine_decode_runs": runs},
+        "burst": {"2x200": {"cold": cold, "warm": {"wall_s": 0.1, "num_cached_tokens": [192] * 2},
+                            "cold_walls_s": [0.1, 0.2, 0.3], "cold_median_wall_s": 0.2,
+                            "expected_warm_reuse": 192}}}},
+           "one": {"scenarios": {"decode": {"engine_decode_runs": runs[:1]}}}}
+    summary = {"configs": {"x": {}, "one": {}}}
+    report.print_bursts(res, summary)
+    report.print_decode_runs(res, summary)
+    out = capsys.readouterr().out
+    assert "x: burst 2x200: cold median 0.200 s" in out
+    assert summary["configs"]["x"]["burst"]["2x200"]["cold_median_wall_s"] == 0.2
+    assert "x: decode runs, engine tok/s [900.0, 1000.0, 950.0]" in out
+    assert summary["configs"]["x"]["decode_runs"] == runs
+    assert "decode_runs" not in summary["configs"]["one"]  # a single run: nothing more to list
+
+
+@pytest.mark.parametrize("flag", ["--burst-repeats", "--decode-repeats"])
+def test_repeats_below_one_are_refused(flag, capsys):
+    e2e = _module("vllm_e2e")
+    with pytest.raises(SystemExit):
+        e2e.main(["--model", "m", "--out", "x.json", flag, "0"])
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err

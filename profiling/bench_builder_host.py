@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-K_SPEC = 3
+K_SPEC = 3  # 0 with --no-spec: an engine without speculative decoding
 BLOCK = 192
 MAX_SEQS, MAX_TOKENS, MAX_LEN, GRAPH_TOKENS = 64, 8192, 8192, 64
 NGRAM = {"method": "ngram", "num_speculative_tokens": K_SPEC, "prompt_lookup_max": 4,
@@ -73,7 +73,7 @@ def engine_config(path: str, own: bool):
 
     extra = {"additional_config": {"gdn_graphs": False}} if own else {}
     cfg = EngineArgs(model=path, skip_tokenizer_init=True, max_model_len=MAX_LEN,
-                     enable_prefix_caching=True, speculative_config=NGRAM,
+                     enable_prefix_caching=True, speculative_config=NGRAM if K_SPEC else None,
                      max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS,
                      **extra).create_engine_config()
     cc = cfg.compilation_config
@@ -92,7 +92,7 @@ def gdn_spec(own: bool):
     return MambaSpec(shapes=((3 + K_SPEC, 1024), (8, 64, 64)),
                      dtypes=(torch.bfloat16, torch.float32), block_size=BLOCK,
                      mamba_cache_mode="align" if own else "all",
-                     num_speculative_blocks=K_SPEC if own else spec_lookahead(K_SPEC))
+                     num_speculative_blocks=K_SPEC if own or not K_SPEC else spec_lookahead(K_SPEC))
 
 
 def make_builders(path: str, own: bool, device: torch.device) -> tuple[list, int]:
@@ -286,7 +286,14 @@ def main(argv=None):
     p.add_argument("--kinds", default="spec,mixed,nodraft")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--profile", action="store_true", help="cProfile of the plugin's builds")
+    p.add_argument("--no-spec", action="store_true",
+                   help="engines without speculative decoding: plain decode steps (kind nodraft, "
+                        "FULL graphs on the GPU)")
     a = p.parse_args(argv)
+    global K_SPEC
+    if a.no_spec:
+        K_SPEC = 0
+        a.kinds = "nodraft"
     path = vllm_on_cpu()
     torch.set_num_threads(1)  # tiny tensors: a thread pool only adds noise
     cpu = torch.device("cpu")
@@ -306,8 +313,9 @@ def main(argv=None):
             if a.profile:
                 print(profile(path, False, rows, kind))
     for own in (False, True):
-        _, ops = count_launches(path, own, 16, "spec")
-        print(("vLLM" if own else "ours"), "launches per step, spec 16:",
+        kind = "spec" if K_SPEC else "nodraft"
+        _, ops = count_launches(path, own, 16, kind)
+        print(("vLLM" if own else "ours"), f"launches per step, {kind} 16:",
               dict(sorted(ops.items(), key=lambda kv: -kv[1])))
 
 

@@ -473,22 +473,25 @@ def main(argv=None):
             import cProfile
             prof = cProfile.Profile()
             prof.enable()
-        t = time.perf_counter()
+        t, w0 = time.perf_counter(), time.time()
         outs = llm.generate(ps3, greedy(a.decode_tokens), use_tqdm=False)
-        t_all = time.perf_counter() - t
+        t_all, w1 = time.perf_counter() - t, time.time()
         if prof is not None:
             prof.disable()
             write_profile(prof, a.host_profile, f"decode run: {t_all:.3f} s wall")
         # batched steps mix decode rows with prefill rows: compare these tokens across configs too
         toks = [(list(o.outputs[0].token_ids), top2_margins(o.outputs[0])) for o in outs]
         dec = a.decode_batch * (a.decode_tokens - 1) / max(t_all - t_one, 1e-9)
-        rates = [decode_rate(outs, a.decode_tokens)]
+        # each run's wall-clock window (epoch s): vllm_report lines it up with a GPU monitor log
+        rates = [dict(decode_rate(outs, a.decode_tokens), wall=[round(w0, 3), round(w1, 3)])]
         # --decode-repeats: more timed runs of fresh prompts in the same engine, so the spread
         # within one engine is told apart from the spread between engine starts
         for _ in range(a.decode_repeats - 1):
             ps = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
-            rates.append(decode_rate(llm.generate(ps, greedy(a.decode_tokens), use_tqdm=False),
-                                     a.decode_tokens))
+            w0 = time.time()
+            outs_r = llm.generate(ps, greedy(a.decode_tokens), use_tqdm=False)
+            rates.append(dict(decode_rate(outs_r, a.decode_tokens),
+                              wall=[round(w0, 3), round(time.time(), 3)]))
         by_rate = sorted((r for r in rates if r["tok_per_s"]), key=lambda r: r["tok_per_s"])
         mid = by_rate[len(by_rate) // 2] if by_rate else rates[0]
         S["decode"] = {"batch": a.decode_batch, "tokens": a.decode_tokens, "t_prefill_s": t_one,

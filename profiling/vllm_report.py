@@ -14,6 +14,7 @@ import gzip
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -295,14 +296,45 @@ def print_jit(res: dict, summary: dict) -> None:
         summary["configs"][name]["jit_placed"] = placed
 
 
-def print_decode_runs(res: dict, summary: dict) -> None:
-    """Every timed decode run of a configuration (--decode-repeats), where there were several."""
+def read_gpu_monitor(path: Path) -> list[tuple]:
+    """vllm_session.sh's nvidia-smi log (timestamp, utilization %, SM MHz, memory MHz, W, C every
+    200 ms) as (epoch s, util, sm MHz, W) rows; [] without one."""
+    rows = []
+    for line in _read(path).splitlines():
+        f = [x.strip() for x in line.split(",")]
+        try:
+            t = time.mktime(time.strptime(f[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
+            rows.append((t + float("0." + f[0].split(".")[1]), float(f[1]), float(f[2]),
+                         float(f[4])))
+        except (ValueError, IndexError):
+            continue  # a header or a cut line
+    return rows
+
+
+def monitor_over(rows: list[tuple], wall) -> dict | None:
+    """Mean GPU utilisation, SM clock and power inside one run's wall window (epoch s)."""
+    inside = [r for r in rows if wall[0] <= r[0] <= wall[1]]
+    if not inside:
+        return None
+    mean = lambda i: round(sum(r[i] for r in inside) / len(inside), 1)  # noqa: E731
+    return {"samples": len(inside), "util_pct": mean(1), "sm_mhz": mean(2), "power_w": mean(3)}
+
+
+def print_decode_runs(res: dict, summary: dict, monitor: list[tuple] = ()) -> None:
+    """Every timed decode run of a configuration (--decode-repeats), where there were several,
+    with the GPU's mean utilisation, SM clock and power over each run where a monitor log lies
+    beside the results (a GPU-bound decode keeps it busy; a host-bound one leaves it idle)."""
     for name, r in res.items():
         runs = r["scenarios"].get("decode", {}).get("engine_decode_runs", [])
-        if len(runs) > 1:
+        gpu = [monitor_over(monitor, x["wall"]) if monitor and "wall" in x else None for x in runs]
+        if len(runs) > 1 or any(gpu):
             summary["configs"][name]["decode_runs"] = runs
             print(f"{name}: decode runs, engine tok/s {[x['tok_per_s'] for x in runs]}, median "
                   f"TPOT ms {[x['median_tpot_ms'] for x in runs]}")
+        if any(gpu):
+            summary["configs"][name]["decode_gpu"] = gpu
+            print(f"{name}: GPU over each decode run (util %, SM MHz, W): "
+                  f"{[(g['util_pct'], g['sm_mhz'], g['power_w']) if g else None for g in gpu]}")
 
 
 def print_bursts(res: dict, summary: dict) -> None:
@@ -416,7 +448,7 @@ def main(argv=None):
         print(f"{name}: ttft {ttfts}; Triton compiles after start-up: "
               f"{'not recorded' if comp is None else row['triton_compiles_after_start'] or 'none'}")
     print_bursts(res, summary)
-    print_decode_runs(res, summary)
+    print_decode_runs(res, summary, read_gpu_monitor(Path(a.dir) / "gpu_monitor.csv"))
     print_load_and_capacity(res, summary)
     print_spec(res, summary)
     print_jit(res, summary)

@@ -74,6 +74,18 @@ e2e() {  # e2e NAME MODEL args...
   echo "$name: rc $? ($(grep -c 'Capturing CUDA graphs' "$D/$name.log") capture lines)"
 }
 
+gpu_idle() {  # between engines run one after the other: the next must find the GPU's memory free
+  # (vllm_e2e.py skips vLLM's teardown; a third engine in one call once found the first two's
+  # memory still held, 2026-12-03). Never between engines that run side by side.
+  local i
+  for i in $(seq 60); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return
+    [ "$i" = 20 ] && nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
+    sleep 1
+  done
+  echo "GPU memory still held after 60 s"
+}
+
 case $target in
   many)  # TARGETS="pytest capacity edge" at once, each in its own process group and folder (for
     # correctness and capacity runs only: timings of engines sharing the GPU mean nothing)
@@ -181,6 +193,10 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
     wait ;;
   e2e80)  # issue 13: one engine after the other (timings); first use of each length untimed
     M80=/tmp/qwen3_next_80b_${LAYERS80:-8}l
+    # utilisation, clocks and power every 200 ms: vllm_report reads them over each decode run
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+      --format=csv,noheader,nounits -lms 200 > "$D/gpu_monitor.csv" 2>/dev/null &
+    mon=$!
     [ -d $M80 ] || python3 -m tools.tiny_model $M80 --full-size --layers ${LAYERS80:-8} > /dev/null 2>&1
     # (WHO="plugin_fi ...": the plugin with its FlashInfer prefill option, fp32 state pool;
     # "vllm_fp32": vLLM's own mode with that pool dtype, its fair comparison)
@@ -199,7 +215,9 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \
           --decode-tokens ${DEC80:-256} --decode-repeats ${DECREP80:-1} --burst ${BURST80:-16x2048,64x512}
-    done ;;
+      gpu_idle
+    done
+    kill $mon 2>/dev/null ;;
   spec|spec_bf16)  # issue 12. spec: four float32 engines side by side (tokens and reuse only):
     # tiny Qwen3-Next with its MTP layer (tools/tiny_model.py --mtp; the main weights are M32's),
     # prefix caching on: the plugin without speculation (the token reference), with n-gram k=3

@@ -210,3 +210,34 @@ def test_compiles_are_placed_in_timed_or_untimed_windows(report, capsys):
            "in timed ttft_16000_timed: not a clean timing" in out
     assert [p["timed"] for p in summary["configs"]["hot"]["jit_placed"]] == [True]
     assert summary["configs"]["warm"]["jit_placed"][0]["windows"] == ["decode"]
+
+
+def test_gpu_monitor_means_over_each_decode_run(report, tmp_path, capsys):
+    """vllm_session.sh's nvidia-smi log, read over each decode run's wall window: a run that
+    kept the GPU busy and one that left it half idle are told apart; lines it cannot read (a
+    header, a cut last line) are skipped."""
+    import time
+
+    t0 = time.mktime(time.strptime("2026/12/04 12:00:00", "%Y/%m/%d %H:%M:%S"))
+    lines = ["timestamp, utilization.gpu [%], clocks.sm [MHz], clocks.mem [MHz], power.draw [W], "
+             "temperature.gpu"]
+    for i in range(20):  # 100% for the first two seconds, 50% for the next two
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t0 + i * 0.2))
+        lines.append(f"{stamp}.{int(i * 200 % 1000):03d}, {100 if i < 10 else 50}, 1980, 3201, "
+                     f"{600 if i < 10 else 300}.0, 50")
+    lines.append("2026/12/04 12:00:0")
+    (tmp_path / "gpu_monitor.csv").write_text("\n".join(lines))
+    rows = report.read_gpu_monitor(tmp_path / "gpu_monitor.csv")
+    assert len(rows) == 20
+    busy = report.monitor_over(rows, [t0 - 0.05, t0 + 1.9])
+    half = report.monitor_over(rows, [t0 + 2.0, t0 + 4.0])
+    assert busy == {"samples": 10, "util_pct": 100.0, "sm_mhz": 1980.0, "power_w": 600.0}
+    assert half["util_pct"] == 50.0 and half["power_w"] == 300.0
+    assert report.monitor_over(rows, [t0 + 10, t0 + 11]) is None
+    runs = [{"tok_per_s": 1.0, "median_tpot_ms": 6.0, "wall": [t0 - 0.05, t0 + 1.9]},
+            {"tok_per_s": 0.5, "median_tpot_ms": 9.0, "wall": [t0 + 2.0, t0 + 4.0]}]
+    res = {"e80_plugin": {"scenarios": {"decode": {"engine_decode_runs": runs}}}}
+    summary = {"configs": {"e80_plugin": {}}}
+    report.print_decode_runs(res, summary, rows)
+    assert [g["util_pct"] for g in summary["configs"]["e80_plugin"]["decode_gpu"]] == [100.0, 50.0]
+    assert "(100.0, 1980.0, 600.0), (50.0, 1980.0, 300.0)" in capsys.readouterr().out

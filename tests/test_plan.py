@@ -427,3 +427,69 @@ def test_property_accepts_exactly_the_legal_batches(batch):
         with pytest.raises(ValueError, match=r"row \d+"):
             p.plan(ns, qs, tables)
         assert torch.equal(p.flat, before)
+
+
+@st.composite
+def decode_batches(draw, num_slots=10, width=4):
+    """Decode rows only (one token each) over small, clashing tables: NO_SLOT entries, slots
+    shared between rows, positions past the table."""
+    rows = draw(st.integers(1, 6))
+    ns = [draw(st.integers(0, (width + 1) * B - 1)) for _ in range(rows)]
+    tables = [[draw(st.integers(-1, num_slots - 1)) for _ in range(width)] for _ in range(rows)]
+    return ns, tables
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(decode_batches(), st.booleans())
+def test_property_decode_steps_from_arrays_plan_as_row_by_row(batch, arrays):
+    """An integer-array table (vLLM's placeholders) takes the vectorised decode path
+    (step.decode_rows, plan._decode_slots_ok), lists take the row-by-row one: the same plan, the
+    same buffers, or the same error."""
+    import numpy as np
+
+    ns, tables = batch
+    qs = [1] * len(ns)
+
+    def plan(p, *args):
+        before = snapshot(p)
+        try:
+            return p.plan(*args).host, snapshot(p)
+        except ValueError as e:
+            assert torch.equal(p.flat, before)
+            return str(e), None
+
+    rowwise = plan(make(max_seqs=6, num_slots=10, max_blocks=4), ns, qs, tables)
+    counts = (np.array(ns), np.array(qs)) if arrays else (ns, qs)
+    vector = plan(make(max_seqs=6, num_slots=10, max_blocks=4), *counts, np.array(tables))
+    assert rowwise[0] == vector[0]
+    assert (rowwise[1] is None and vector[1] is None) or torch.equal(rowwise[1], vector[1])
+
+
+def test_decode_step_from_arrays_rejects_bad_counts():
+    import numpy as np
+
+    p = make()
+    with pytest.raises(ValueError, match="row 1: needs num_scheduled >= 1"):
+        p.plan(np.array([3, 4]), np.array([1, 0]), np.array([[1], [2]]))
+
+
+@pytest.mark.parametrize("ns, tables, msg", [
+    ([B + 5, B], [[4, 5], [5, 6]], r"row 1: reads slot 5, which row 0 writes"),
+    ([B + 5, B + 7], [[4, 5], [6, 5]], r"row 1: writes slot 5, which row 0 also writes"),
+    ([B + 5, B], [[4, 5], [4, 6]], None),       # two rows read one slot
+    ([5, B + 1], [[4, 5], [6, 6]], None),       # in place (reads the slot it writes)
+    ([0, 2 * B], [[5, -1], [1, 2]], r"row 1: block table has 2 entries but n=128, q=1"),
+    ([3, 2], [[7, 1], [-1, 2]], r"row 1: read slot is -1 but n=2"),
+    ([3, 2], [[7, 1], [10, 2]], r"row 1: block table entry 0 = 10 is outside \[-1, 10\)"),
+])
+def test_decode_steps_from_arrays_check_the_slot_rules(ns, tables, msg):
+    import numpy as np
+
+    for args in ((ns, [1] * len(ns), tables), (np.array(ns), np.ones(len(ns), np.int64),
+                                                np.array(tables))):
+        p = make(max_seqs=4, num_slots=10, max_blocks=2)
+        if msg is None:
+            assert p.plan(*args).host.num_decodes == len(ns)
+        else:
+            with pytest.raises(ValueError, match=msg):
+                p.plan(*args)

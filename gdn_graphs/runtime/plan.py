@@ -39,7 +39,7 @@ from gdn_graphs.ops.meta import (ChunkMeta, check_step_slots, host_chunk_meta, m
                                  max_ckpts_bound)
 from gdn_graphs.ops.meta import num_chunks as _num_chunks
 from gdn_graphs.runtime.step import (GDNStep, StepPlan, checkpoint_blocks, classify_rows,
-                                     lookahead_column, lookahead_row_slots,
+                                     decode_rows, lookahead_column, lookahead_row_slots,
                                      lookahead_spec_rows, read_block,
                                      row_read_slot, spec_write_slots, write_block)
 
@@ -62,6 +62,19 @@ def _is_int(x: Any) -> bool:
 
 def _as_list(xs: Any) -> list:
     return xs.tolist() if hasattr(xs, "tolist") else list(xs)
+
+
+def _decode_slots_ok(reads: list[int], writes: list[int], num_slots: int) -> bool:
+    """``check_step_slots``' rules for decode rows (no checkpoints), in numpy: every slot in
+    [NO_SLOT, num_slots), no slot written twice, no row reading a slot another row writes."""
+    r, w = np.asarray(reads, dtype=np.int64), np.asarray(writes, dtype=np.int64)
+    if len(r) and (min(r.min(), w.min()) < NO_SLOT or max(r.max(), w.max()) >= num_slots):
+        return False
+    written = w[w != NO_SLOT]
+    if len(np.unique(written)) != len(written):
+        return False
+    # a read of a written slot is fine only where the row writes it itself (decode in place)
+    return not (np.isin(r, written) & (r != w) & (r != NO_SLOT)).any()
 
 
 @dataclass(frozen=True)
@@ -273,11 +286,18 @@ class GDNPlanner:
         d, nsp = classify_rows(qs, spec, varlen=bool(L.lookahead))
         e_spec = d + nsp
         rings, acc = self._check_spec(rows, qs, d, nsp, rings, accepted)
-        fast = None
-        if (L.lookahead and rows and nsp == rows and isinstance(tables, np.ndarray)
-                and tables.ndim == 2 and tables.dtype.kind in "iu"
-                and tables.shape[1] <= L.max_blocks_per_seq):
+        fast, checked = None, False
+        int_table = (isinstance(tables, np.ndarray) and tables.ndim == 2
+                     and tables.dtype.kind in "iu" and tables.shape[1] <= L.max_blocks_per_seq)
+        if int_table and rows and L.lookahead and nsp == rows:
             fast = lookahead_spec_rows(ns, qs, tables, B, L.lookahead)  # (None: errors below)
+        elif int_table and rows and not L.lookahead and d == rows and not any(acc):
+            fast = decode_rows(ns, tables, B)
+            if fast is not None and not _decode_slots_ok(*fast, L.num_slots):
+                fast = None  # check_step_slots below names the row
+            if fast is not None:
+                fast = (*fast, [[]] * rows)
+                checked = True
         if fast is not None:
             reads, writes, ckpts = fast
         else:
@@ -303,7 +323,8 @@ class GDNPlanner:
             blocks = {"read": read_block(n, B), "write": write_block(n, qs[i], B)}
             return f"block table entry {blocks.get(kind, n // B + e)}"
 
-        check_step_slots(reads, writes, ckpts, L.num_slots, where=entry)
+        if not checked:
+            check_step_slots(reads, writes, ckpts, L.num_slots, where=entry)
         padded = self._padded_rows("pad_decodes_to", pad_decodes_to, d, rows, qs)
         padded_spec = self._padded_rows("pad_spec_to", pad_spec_to, nsp, rows, qs, d)
         spec_len = max(qs[d:e_spec]) if nsp else 0
@@ -340,6 +361,8 @@ class GDNPlanner:
     def _check_spec(self, rows, qs, d, nsp, rings, accepted):
         """The spec arguments as per-row lists (rings[i] a list of ints or None, acc[i] an int)."""
         L = self.limits
+        if rings is None and accepted is None and not nsp:
+            return [None] * rows, [0] * rows  # (what the loop below gives: nothing to check)
         rings = [None] * rows if rings is None else list(rings)
         acc = [0] * rows if accepted is None else _as_list(accepted)
         if len(rings) != rows or len(acc) != rows:
@@ -384,12 +407,18 @@ class GDNPlanner:
                              f"{len(ns)}, {len(qs)}, {len(tables)}")
         if len(ns) > L.max_seqs:
             raise ValueError(f"batch of {len(ns)} rows is larger than max_seqs={L.max_seqs}")
-        for i, (n, q) in enumerate(zip(ns, qs)):
-            if not _is_int(n) or not _is_int(q):
-                raise ValueError(f"row {i}: num_computed and num_scheduled must be ints, got {n!r}, {q!r}")
-            if q < 1 or n < 0:
-                raise ValueError(f"row {i}: needs num_scheduled >= 1 and num_computed >= 0, got q={q}, n={n}")
-        ns, qs = [int(n) for n in ns], [int(q) for q in qs]  # numpy scalars -> int
+        # integer arrays (vLLM's builder) are checked at once; _as_list made them Python ints
+        if not (isinstance(num_computed, np.ndarray) and isinstance(num_scheduled, np.ndarray)
+                and num_computed.dtype.kind in "iu" and num_scheduled.dtype.kind in "iu"
+                and (num_scheduled >= 1).all() and (num_computed >= 0).all()):
+            for i, (n, q) in enumerate(zip(ns, qs)):
+                if not _is_int(n) or not _is_int(q):
+                    raise ValueError(f"row {i}: num_computed and num_scheduled must be ints, got "
+                                     f"{n!r}, {q!r}")
+                if q < 1 or n < 0:
+                    raise ValueError(f"row {i}: needs num_scheduled >= 1 and num_computed >= 0, "
+                                     f"got q={q}, n={n}")
+            ns, qs = [int(n) for n in ns], [int(q) for q in qs]  # numpy scalars -> int
         total = sum(qs)
         if total > L.max_tokens:
             raise ValueError(f"batch schedules {total} tokens, more than max_tokens={L.max_tokens}")

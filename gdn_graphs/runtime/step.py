@@ -67,7 +67,7 @@ from gdn_graphs.ops.meta import ChunkMeta
 
 __all__ = ["read_block", "write_block", "checkpoint_blocks", "classify_rows", "count_decode_rows",
            "row_read_slot", "spec_write_slots", "lookahead_column", "lookahead_row_slots",
-           "lookahead_spec_rows",
+           "lookahead_spec_rows", "decode_rows",
            "StepPlan", "GDNStep"]
 
 
@@ -103,6 +103,8 @@ def classify_rows(num_scheduled: Sequence[int], spec: Optional[Sequence[bool]] =
     rows = len(num_scheduled)
     if spec is not None and len(spec) != rows:
         raise ValueError(f"spec has {len(spec)} entries for {rows} rows")
+    if spec is None and list(num_scheduled).count(1) == rows:
+        return rows, 0  # every row decodes one token (the common step, without a Python loop)
     is_spec = (lambda i: False) if spec is None else (lambda i: bool(spec[i]))
     nd = 0
     while nd < rows and num_scheduled[nd] == 1 and not is_spec(nd):
@@ -182,6 +184,25 @@ def lookahead_row_slots(i: int, n: int, q: int, row, B: int, R: int,
         return r, ws[-1], ws[:-1]
     w = need(o, "its final state")
     return r, w, [NO_SLOT if c == w else c for c in vals[o + 1:]]
+
+
+def decode_rows(ns: Sequence[int], tables: np.ndarray, B: int
+                ) -> Optional[tuple[list[int], list[int]]]:
+    """Every row a decode row (one token, no ring): (reads, writes) as the planner's row-by-row
+    path gives them (``row_read_slot``, ``write_block``; a decode row passes no block boundary,
+    so it has no checkpoint), in a few numpy operations over the [rows, width] integer table (the
+    planner's hot path: every decode step of vLLM and of the embedded engine). None when any row
+    would fail there: the caller then runs that path, which names the error."""
+    n = np.asarray(ns, dtype=np.int64)
+    wcol, rcol = n // B, np.maximum(n - 1, 0) // B
+    if len(n) and int(wcol.max()) >= tables.shape[1]:
+        return None
+    rows = np.arange(len(n))
+    w = tables[rows, wcol]
+    r = np.where(n > 0, tables[rows, rcol], NO_SLOT)
+    if (w == NO_SLOT).any() or ((r == NO_SLOT) & (n > 0)).any():
+        return None
+    return r.tolist(), w.tolist()
 
 
 def lookahead_spec_rows(ns: Sequence[int], qs: Sequence[int], tables: np.ndarray, B: int,

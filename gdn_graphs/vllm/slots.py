@@ -224,9 +224,8 @@ class DeviceTablePlanner:
             placeholder_step = self._last[1]  # another group of the same step
         else:
             self.errors.poll()  # once a step, before plan() zeroes the flag
-            qs = q[:rows].tolist()
             self._last = None  # a failed plan must not leave a stale key behind
-            placeholder_step = self._plan_rows(n_rows.tolist(), qs, pad_decodes_to, spec_rows)
+            placeholder_step = self._plan_rows(n_rows, q[:rows], pad_decodes_to, spec_rows)
             self._new_gather_plan()
             self._last = (key, placeholder_step)
         self._place_on_device(placeholder_step, device_seq_lens)
@@ -274,10 +273,11 @@ class DeviceTablePlanner:
         if block_table.shape[0] < rows:
             raise ValueError(f"block table has {block_table.shape[0]} rows, the step has {rows}")
 
-    def _plan_rows(self, ns: list[int], qs: list[int], pad_to: int | None,
+    def _plan_rows(self, ns: np.ndarray, qs: np.ndarray, pad_to: int | None,
                    spec_rows: int) -> GDNStep:
         """The placeholder plan: decode rows padded to ``pad_to`` in a pure decode step, spec
-        rows (the first ``spec_rows``) padded to it in a step of spec rows of one length."""
+        rows (the first ``spec_rows``) padded to it in a step of spec rows of one length
+        (``ns``, ``qs``: int64 arrays, which the planner checks at once)."""
         rows = len(qs)
         if not spec_rows:
             pad = pad_to if count_decode_rows(qs) == rows else None

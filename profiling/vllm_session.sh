@@ -77,13 +77,15 @@ e2e() {  # e2e NAME MODEL args...
 gpu_idle() {  # between engines run one after the other: the next must find the GPU's memory free
   # (vllm_e2e.py skips vLLM's teardown; a third engine in one call once found the first two's
   # memory still held, 2026-12-03). Never between engines that run side by side.
-  local i
+  # (memory.used, not the process list: a container may not see the processes)
+  local i used
   for i in $(seq 60); do
-    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | sort -n | tail -1)
+    [ -n "$used" ] && [ "$used" -lt 2048 ] && return
     [ "$i" = 20 ] && nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9
     sleep 1
   done
-  echo "GPU memory still held after 60 s"
+  echo "GPU memory still held after 60 s: ${used:-?} MiB"
 }
 
 case $target in

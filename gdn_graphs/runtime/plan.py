@@ -70,11 +70,13 @@ def _decode_slots_ok(reads: list[int], writes: list[int], num_slots: int) -> boo
     r, w = np.asarray(reads, dtype=np.int64), np.asarray(writes, dtype=np.int64)
     if len(r) and (min(r.min(), w.min()) < NO_SLOT or max(r.max(), w.max()) >= num_slots):
         return False
-    written = w[w != NO_SLOT]
-    if len(np.unique(written)) != len(written):
+    written = np.sort(w[w != NO_SLOT])  # (sort and searchsorted: cheaper than unique / isin)
+    if (written[1:] == written[:-1]).any():
         return False
     # a read of a written slot is fine only where the row writes it itself (decode in place)
-    return not (np.isin(r, written) & (r != w) & (r != NO_SLOT)).any()
+    at = np.minimum(np.searchsorted(written, r), max(len(written) - 1, 0))
+    hit = written[at] == r if len(written) else np.zeros(len(r), dtype=bool)
+    return not (hit & (r != w) & (r != NO_SLOT)).any()
 
 
 @dataclass(frozen=True)

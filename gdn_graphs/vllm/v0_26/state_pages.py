@@ -432,8 +432,10 @@ class GDNStateManager(MambaManager):
         allocation could not see. The page goes into this step's new columns (the list the
         allocation returned, which becomes the step's block ids), the same in every GDN group,
         and the request keeps it while it runs: the next request on that prefix hits it."""
-        self._seq_len[request.request_id] = request.num_tokens
-        self._fill_junction(request)
+        rid = request.request_id
+        self._seq_len[rid] = request.num_tokens
+        if rid in self._added:  # (a step that added no column has no junction to fill: decode)
+            self._fill_junction(request)
         super().cache_blocks(request, num_tokens, retention_interval=retention_interval)
 
     def _fill_junction(self, request) -> None:

@@ -28,7 +28,10 @@ from collections import Counter
 import numpy as np
 import torch
 
-from bench_builder_host import BLOCK, K_SPEC, engine_config, vllm_on_cpu
+import bench_builder_host
+from bench_builder_host import BLOCK, engine_config, vllm_on_cpu
+
+K_SPEC = bench_builder_host.K_SPEC  # 0 with --no-spec (both modules): plain decode steps
 
 PAGE = BLOCK * 2 * 2 * 64 * 4  # the float32 attention page both modes' GDN pages are padded to
 MANAGER_CALLS = ("get_num_blocks_to_allocate", "allocate_new_blocks", "cache_blocks",
@@ -115,9 +118,10 @@ def run(path: str, own: bool, kind: str, rows: int, gen: int, steps: int, seed: 
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled))
         live = [r for r in ids if r in sched.requests]
-        give = [r for r in live if kind == "spec" or rng.random() < 1 / 16]
-        sched.update_draft_token_ids(DraftTokenIds(
-            give, [rng.integers(10, 4000, K_SPEC).tolist() for _ in give]))
+        if K_SPEC:
+            give = [r for r in live if kind == "spec" or rng.random() < 1 / 16]
+            sched.update_draft_token_ids(DraftTokenIds(
+                give, [rng.integers(10, 4000, K_SPEC).tolist() for _ in give]))
         t3 = time.perf_counter()
         if step >= 20 and len(ids) == rows:  # warm, every request running
             per["schedule"].append(t1 - t0)
@@ -137,7 +141,13 @@ def main(argv=None):
     p.add_argument("--gen", type=int, default=2000)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--kinds", default="spec,mixed")
+    p.add_argument("--no-spec", action="store_true",
+                   help="engines without speculative decoding: plain decode steps")
     a = p.parse_args(argv)
+    global K_SPEC
+    if a.no_spec:
+        K_SPEC = bench_builder_host.K_SPEC = 0
+        a.kinds = "decode"
     path = vllm_on_cpu()
     print(f"{'kind':<6} {'rows':>4} | {'mode':<6} {'schedule':>9} {'update':>8} {'GDN managers':>13} "
           f"{'steps':>6}  (us per step, median)")

@@ -245,3 +245,69 @@ def test_gpu_block_id_outside_the_cache_is_reported(gpu):
     p.plan(np.array([0, 1]), np.array([B + 2]), t)  # the copy has landed: reported
     assert seen == [ERR_SLOT]
     assert ssm[slots:].abs().sum().item() == 0 and conv[slots:].abs().sum().item() == 0
+
+
+def test_decode_steps_in_the_same_columns_reuse_the_plan():
+    """Decode rows that read and write the block columns of the previous plan only gather (no
+    host plan, no copy), from the table as it is now; a row crossing a block boundary, another
+    padding or a prefill row plans again. A code the kernels set meanwhile is not zeroed by a
+    reused plan: it is reported once and stays until the next plan."""
+    B = 64
+    p = DeviceTablePlanner(4, 1024, B, 8, 8)
+    seen = []
+    p.errors.report = lambda code, names: seen.append(code)
+    t = torch.arange(1, 33, dtype=torch.int32).view(4, 8)
+    qsl = np.array([0, 1, 2])
+
+    def decode(n0, n1, table=t, pad=None):
+        step = p.plan(qsl, np.array([n0, n1]), table[:2], pad_decodes_to=pad)
+        return step, p.slots.decode_read.tolist()[:2], p.slots.decode_write.tolist()[:2]
+
+    s1, r1, w1 = decode(B + 1, 3)       # columns (1, 1) and (0, 0)
+    planned = p.planner.last_step
+    s2, r2, w2 = decode(B + 2, 4)
+    assert s2.host is s1.host and p.planner.last_step is planned  # reused: no plan, no copy
+    assert (r2, w2) == (r1, w1) == ([t[0, 1].item(), t[1, 0].item()], [t[0, 1].item(), t[1, 0].item()])
+    moved = t.clone()
+    moved[0, 1] = 30  # the engine moved a page (an in-place boundary move keeps the column)
+    _, r3, w3 = decode(B + 3, 5, table=moved)
+    assert r3[0] == w3[0] == 30 and p.planner.last_step is planned  # the table as it is now
+    p.planner.error_flag.fill_(1)  # a kernel met an id outside the cache
+    decode(B + 4, 6)
+    decode(B + 5, 7)
+    assert seen == [1] and p.planner.error_flag.item() == 1  # reported; not zeroed by reuse
+    s4, r4, w4 = decode(B + 6, B - 1)   # row 1 reaches the end of block 0: columns (0, 0)
+    assert p.planner.last_step is planned  # ... are the same as before
+    s5, r5, w5 = decode(B + 7, B)       # row 1 crosses: reads column 0, writes column 1
+    assert s5.host is not s4.host and p.planner.last_step is not planned
+    assert (r5[1], w5[1]) == (t[1, 0].item(), t[1, 1].item())
+    assert p.planner.error_flag.item() == 0 and seen == [1]  # the new plan zeroed it
+    s6, *_ = decode(B + 8, B + 1, pad=4)  # another padding: planned again
+    assert s6.num_decodes == 4 and s6.host is not s5.host
+
+
+@pytest.mark.parametrize("B", [64, 192])
+def test_decode_stretch_matches_oracle_every_step(B):
+    """One planner through 3 * B decode steps of rows at random positions (all crossing block
+    boundaries at different steps; a row sometimes leaves, the table's ids sometimes change):
+    every step's slots are the oracle's, whether the step planned or reused the plan."""
+    rng = np.random.default_rng(B)
+    width = 8
+    p = DeviceTablePlanner(4, 1024, B, width, width)
+    t = torch.from_numpy(rng.permutation(np.arange(1, 4 * width + 1)).reshape(4, width)
+                         .astype(np.int32))
+    n = rng.integers(0, 2 * B, 4)
+    rows, replans = 4, 0
+    for _ in range(3 * B):
+        if rng.random() < 0.05:
+            rows = int(rng.integers(1, 5))
+        if rng.random() < 0.05:
+            t[rng.integers(4), rng.integers(width)] = int(rng.integers(1, 100))
+        last = p.planner.last_step
+        p.plan(np.arange(rows + 1), n[:rows], t[:rows])
+        replans += p.planner.last_step is not last
+        want = [oracle(int(n[i]), 1, t[i].tolist(), B) for i in range(rows)]
+        assert p.slots.decode_read.tolist()[:rows] == [w[0] for w in want]
+        assert p.slots.decode_write.tolist()[:rows] == [w[1] for w in want]
+        n += 1
+    assert 0 < replans < 3 * B / 2  # most steps reused the plan

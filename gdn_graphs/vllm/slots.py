@@ -169,7 +169,8 @@ class DeviceTablePlanner:
         self.planner = GDNPlanner(limits, device)
         self._placeholders = np.arange(max_reqs * table_stride, dtype=np.int64).reshape(
             max_reqs, table_stride)[:, :table_width]
-        self._last: tuple[bytes, GDNStep] | None = None
+        self._last: tuple[bytes, GDNStep] | None = None  # (_plan_key, the placeholder step)
+        self._last_step_inputs: bytes | None = None       # plan()'s inputs at its last call
         self._last_rows = 0
         self._last_inputs: tuple | None = None  # remember_inputs / same_inputs
         self.slots = SlotSet(self)  # the default set (one-group engines, tests)
@@ -206,8 +207,10 @@ class DeviceTablePlanner:
         ``seq_lens`` under async scheduling, where the host's counts of a row whose previous step
         had drafts are optimistic): the spec rows' slots are then placed from it on the device
         (``spec_placement``; the other rows' counts must be exact on the host). The same token
-        counts as the previous call reuse its plan (another group of the same step). Raises
-        ValueError before touching any buffer.
+        counts as the previous call reuse its plan (another group of the same step), and so does
+        a step of decode rows only that reads and writes the same block columns as the previous
+        plan (``_plan_key``): most decode steps cross no block boundary, so they only gather.
+        Raises ValueError before touching any buffer.
         """
         self._last_inputs = None  # until this call has succeeded
         qsl = np.asarray(query_start_loc, dtype=np.int64)
@@ -218,12 +221,15 @@ class DeviceTablePlanner:
         self._check_table(block_table, rows)
         self._check_device_counts(device_seq_lens, spec_rows, rows)
         n_rows = np.asarray(num_computed[:rows], dtype=np.int64)
-        key = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(),
-                        repr((pad_decodes_to, spec_rows)).encode()))
+        inputs = b"".join((qsl[:rows + 1].tobytes(), n_rows.tobytes(),
+                           repr((pad_decodes_to, spec_rows)).encode()))
+        if inputs != self._last_step_inputs:  # a new step (not another group of the last one)
+            self.errors.poll()  # before a plan zeroes the flag
+            self._last_step_inputs = inputs
+        key = self._plan_key(inputs, n_rows, q[:rows], pad_decodes_to, spec_rows, device_seq_lens)
         if self._last is not None and self._last[0] == key:
-            placeholder_step = self._last[1]  # another group of the same step
+            placeholder_step = self._last[1]  # another group, or the same decode columns
         else:
-            self.errors.poll()  # once a step, before plan() zeroes the flag
             self._last = None  # a failed plan must not leave a stale key behind
             placeholder_step = self._plan_rows(n_rows, q[:rows], pad_decodes_to, spec_rows)
             self._new_gather_plan()
@@ -233,6 +239,20 @@ class DeviceTablePlanner:
         slots = slots or self.slots
         self._gather(block_table, slots)
         return slots.step(placeholder_step)
+
+    def _plan_key(self, inputs: bytes, n: np.ndarray, q: np.ndarray, pad_to, spec_rows: int,
+                  device_seq_lens) -> bytes:
+        """What the placeholder plan is a function of: the step's inputs, or for a step of
+        decode rows only (one token each, no spec rows) the block columns each row reads and
+        writes, (n - 1) // B and n // B (read_block / write_block: -1 reads nothing), and the
+        padding. Its rows' placeholders are ``row * table_stride + column``, so equal columns give
+        an equal plan, buffers included (the error flag aside: a reused plan does not zero it, so
+        a code stays until the next plan, and ErrorWatch reports it once)."""
+        if not len(q) or spec_rows or device_seq_lens is not None or not (q == 1).all():
+            return inputs
+        B = self.planner.limits.block_size
+        return b"".join((b"decode", ((n - 1) // B).tobytes(), (n // B).tobytes(),
+                         repr(pad_to).encode()))
 
     def remember_inputs(self, inputs: tuple) -> None:
         """Name the inputs of the call that just succeeded: ``inputs`` is the caller's exact

@@ -298,7 +298,8 @@ def print_jit(res: dict, summary: dict) -> None:
 
 def read_gpu_monitor(path: Path) -> list[tuple]:
     """vllm_session.sh's nvidia-smi log (timestamp, utilization %, SM MHz, memory MHz, W, C every
-    200 ms) as (epoch s, util, sm MHz, W) rows; [] without one."""
+    200 ms) as (epoch s, util, sm MHz, W) rows; [] without one. nvidia-smi writes local time,
+    read here in this machine's zone: run the report where the log was made, or in its zone."""
     rows = []
     for line in _read(path).splitlines():
         f = [x.strip() for x in line.split(",")]

@@ -471,6 +471,8 @@ def test_decode_step_from_arrays_rejects_bad_counts():
     p = make()
     with pytest.raises(ValueError, match="row 1: needs num_scheduled >= 1"):
         p.plan(np.array([3, 4]), np.array([1, 0]), np.array([[1], [2]]))
+    with pytest.raises(ValueError, match="row 0: num_computed and num_scheduled must be ints"):
+        p.plan(np.array([[3], [4]]), np.array([[1], [1]]), np.array([[1], [2]]))
 
 
 @pytest.mark.parametrize("ns, tables, msg", [

@@ -411,6 +411,7 @@ class GDNPlanner:
             raise ValueError(f"batch of {len(ns)} rows is larger than max_seqs={L.max_seqs}")
         # integer arrays (vLLM's builder) are checked at once; _as_list made them Python ints
         if not (isinstance(num_computed, np.ndarray) and isinstance(num_scheduled, np.ndarray)
+                and num_computed.ndim == num_scheduled.ndim == 1
                 and num_computed.dtype.kind in "iu" and num_scheduled.dtype.kind in "iu"
                 and (num_scheduled >= 1).all() and (num_computed >= 0).all()):
             for i, (n, q) in enumerate(zip(ns, qs)):

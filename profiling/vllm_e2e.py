@@ -136,25 +136,70 @@ def write_profile(prof, path, title):
         f.write(buf.getvalue())
 
 
-def gpu_profile(fn, path):
-    """torch.profiler over fn(): wall time, summed CUDA kernel time and the top kernels, as text."""
+def _kernel_profile(fn):
+    """torch.profiler (CUDA activity) over fn(): wall seconds, and per kernel name
+    [launches, summed us]; also the union of the kernels' intervals (GPU busy us), which summed
+    times overcount where kernels overlap."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
-    ka = prof.key_averages()
-    from torch.autograd import DeviceType
-    gpu_us = sum(e.self_device_time_total for e in ka if e.device_type == DeviceType.CUDA)
-    res = {"wall_s": round(wall, 4), "gpu_kernel_s": round(gpu_us / 1e6, 4)}
+    kernels, spans = {}, []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != DeviceType.CUDA:
+            continue
+        name = e.name()[:140]
+        n, us = kernels.get(name, (0, 0.0))
+        kernels[name] = (n + 1, us + e.duration_ns() / 1e3)
+        spans.append((e.start_ns(), e.start_ns() + e.duration_ns()))
+    busy, end = 0, None
+    for s0, s1 in sorted(spans):
+        if end is None or s0 > end:
+            busy += s1 - s0
+            end = s1
+        elif s1 > end:
+            busy += s1 - end
+            end = s1
+    return wall, kernels, busy / 1e3
+
+
+def gpu_profile(prefill_only, with_decode, decode_steps, path):
+    """GPU kernel time of decode steps alone: torch.profiler over ``prefill_only()`` (fresh prompts,
+    one token each) and over ``with_decode()`` (fresh prompts of the same shape, 1 + decode_steps
+    tokens each); the difference, kernel by kernel, is what the decode steps ran. Writes a table to
+    ``path`` (us per decode step: launches, GPU time, top kernels) and returns the figures."""
+    w1, k1, b1 = _kernel_profile(prefill_only)
+    w2, k2, b2 = _kernel_profile(with_decode)
+    steps = max(decode_steps, 1)
+    delta = {}
+    for name in set(k1) | set(k2):
+        n = k2.get(name, (0, 0.0))[0] - k1.get(name, (0, 0.0))[0]
+        us = k2.get(name, (0, 0.0))[1] - k1.get(name, (0, 0.0))[1]
+        if n or abs(us) > 1:
+            delta[name] = (n, us)
+    top = sorted(delta.items(), key=lambda kv: -kv[1][1])
+    sum_us = sum(us for _, us in delta.values())
+    res = {"decode_steps": decode_steps,
+           "wall_ms_per_step": round((w2 - w1) * 1e3 / steps, 4),
+           "gpu_busy_ms_per_step": round((b2 - b1) / 1e3 / steps, 4),
+           "kernel_ms_per_step": round(sum_us / 1e3 / steps, 4),
+           "launches_per_step": round(sum(n for n, _ in delta.values()) / steps, 2),
+           "prefill_only": {"wall_s": round(w1, 4), "gpu_busy_s": round(b1 / 1e6, 4)},
+           "with_decode": {"wall_s": round(w2, 4), "gpu_busy_s": round(b2 / 1e6, 4)},
+           "top_kernels_us_per_step": [[name, round(n / steps, 3), round(us / steps, 2)]
+                                       for name, (n, us) in top[:60]]}
     with open(path, "w") as f:
-        f.write(f"wall {wall:.4f} s, summed GPU kernel time {gpu_us / 1e6:.4f} s\n")
-        f.write(ka.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
-        f.write("\n\n")
-        f.write(ka.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+        f.write(f"decode steps {decode_steps}: wall {res['wall_ms_per_step']} ms a step, GPU busy "
+                f"{res['gpu_busy_ms_per_step']} ms, kernels summed {res['kernel_ms_per_step']} ms, "
+                f"{res['launches_per_step']} launches\n")
+        f.write(f"{'us/step':>10} {'n/step':>8}  kernel\n")
+        for name, n, us in res["top_kernels_us_per_step"]:
+            f.write(f"{us:10.2f} {n:8.2f}  {name}\n")
     return res
 
 
@@ -310,8 +355,8 @@ def main(argv=None):
                     help="engine in this process (no engine-core subprocess) and cProfile of the timed "
                          "decode run, written to TXT: where the host time of a step goes")
     ap.add_argument("--gpu-profile", default=None, metavar="TXT",
-                    help="engine in this process and torch.profiler over a 64-token decode run after the "
-                         "timed one: GPU kernel time per step against wall time, top kernels, to TXT")
+                    help="engine in this process and torch.profiler over decode steps after the timed "
+                         "runs: GPU kernel time per step against wall time, top kernels, to TXT")
     a = ap.parse_args(argv)
     if a.burst_repeats < 1:
         ap.error(f"--burst-repeats must be at least 1, got {a.burst_repeats}")
@@ -502,9 +547,14 @@ def main(argv=None):
                        "engine_decode_runs": rates,
                        "runs": [{"tokens": t, "top2_margins": m} for t, m in toks]}
         if a.gpu_profile:
-            ps4 = [{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
-            S["decode"]["gpu_profile"] = gpu_profile(lambda: llm.generate(ps4, greedy(64), use_tqdm=False),
-                                                     a.gpu_profile)
+            # the decode steps' GPU time alone: fresh prompts of the decode run's shape, once for
+            # one token (prefill) and once for 1 + n; the difference is n decode steps
+            n_dec = min(a.decode_tokens, 128)
+            ps4, ps5 = ([{"prompt_token_ids": ids(rng, 256, vocab)} for _ in range(a.decode_batch)]
+                        for _ in range(2))
+            S["decode"]["gpu_profile"] = gpu_profile(
+                lambda: llm.generate(ps4, greedy(1), use_tqdm=False),
+                lambda: llm.generate(ps5, greedy(1 + n_dec), use_tqdm=False), n_dec, a.gpu_profile)
     if "burst" in want:
         marks["burst"] = round(time.time() - t_up, 2)
         S["burst"] = burst_scenario(llm, rng, vocab, a.burst, greedy, whole_blocks, marks, t_up,

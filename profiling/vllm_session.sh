@@ -21,7 +21,10 @@
 #                                                # random weights), plugin then own mode (on its
 #                                                # default FlashInfer prefill where staged): TTFT
 #                                                # of 16k and 32k prompts cold/warm, decode tok/s,
-#                                                # bursts of several prompts at once (BURST80)
+#                                                # bursts of several prompts at once (BURST80);
+#                                                # GPROF80=1: engine in-process, and the GPU kernel
+#                                                # time of decode steps, kernel by kernel
+#                                                # (torch.profiler) after the timed runs
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
 #                                                # (both with async scheduling on) / EAGLE-3 k=3
@@ -216,7 +219,8 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
       e2e e80_$tag $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \
-          --decode-tokens ${DEC80:-256} --decode-repeats ${DECREP80:-1} --burst ${BURST80:-16x2048,64x512}
+          --decode-tokens ${DEC80:-256} --decode-repeats ${DECREP80:-1} --burst ${BURST80:-16x2048,64x512} \
+          ${GPROF80:+--gpu-profile "$D/gpuprof_$tag.txt"}
       gpu_idle
     done
     kill $mon 2>/dev/null ;;

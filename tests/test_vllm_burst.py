@@ -124,3 +124,24 @@ def test_repeats_below_one_are_refused(flag, capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--model", "m", "--out", "x.json", flag, "0"])
     assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_gpu_profile_keeps_the_decode_steps_difference(monkeypatch, tmp_path):
+    """gpu_profile: the decode steps' kernels are the with-decode profile less the prefill-only
+    one, kernel by kernel, per step (a stand-in profiler: no GPU needed)."""
+    e2e = _module("vllm_e2e")
+    runs = iter([
+        (1.0, {"moe": (16, 800.0), "prefill_gdn": (6, 300.0)}, 1000.0),
+        (3.0, {"moe": (56, 2000.0), "prefill_gdn": (6, 300.0), "gdn_decode": (60, 120.0)}, 2600.0),
+    ])
+    monkeypatch.setattr(e2e, "_kernel_profile", lambda fn: (fn(), next(runs))[1])
+    calls = []
+    res = e2e.gpu_profile(lambda: calls.append("p"), lambda: calls.append("d"), 10,
+                          str(tmp_path / "prof.txt"))
+    assert calls == ["p", "d"]
+    assert res["wall_ms_per_step"] == 200.0             # (3.0 - 1.0) s over 10 steps
+    assert res["gpu_busy_ms_per_step"] == 0.16          # (2600 - 1000) us over 10 steps
+    assert res["kernel_ms_per_step"] == 0.132           # (1200 + 120) us over 10 steps
+    assert res["launches_per_step"] == 10.0             # (40 + 60) over 10 steps
+    assert res["top_kernels_us_per_step"] == [["moe", 4.0, 120.0], ["gdn_decode", 6.0, 12.0]]
+    assert "gdn_decode" in (tmp_path / "prof.txt").read_text()

@@ -24,7 +24,9 @@
 #                                                # bursts of several prompts at once (BURST80);
 #                                                # GPROF80=1: engine in-process, and the GPU kernel
 #                                                # time of decode steps, kernel by kernel
-#                                                # (torch.profiler) after the timed runs
+#                                                # (torch.profiler) after the timed runs;
+#                                                # SPY80=1: py-spy over each engine's processes
+#                                                # (profiling/spy_report.py compares them)
 #   bash profiling/vllm_session.sh spec          # issue 12: speculative decoding + prefix caching:
 #                                                # fp32 plugin without spec / ngram_gpu k=3 / MTP k=2
 #                                                # (both with async scheduling on) / EAGLE-3 k=3
@@ -72,7 +74,8 @@ e2e() {  # e2e NAME MODEL args...
   local name=$1 model=$2; shift 2
   # a fresh Triton cache per engine: vllm_e2e.py lists the kernels compiled after start-up
   rm -rf "/tmp/tc_$name"
-  TRITON_CACHE_DIR=/tmp/tc_$name timeout "$T" python3 profiling/vllm_e2e.py --model "$model" \
+  # (E2E_WRAP: a command the engine runs under, e.g. py-spy record ... --)
+  TRITON_CACHE_DIR=/tmp/tc_$name timeout "$T" ${E2E_WRAP:-} python3 profiling/vllm_e2e.py --model "$model" \
     --out "$D/$name.json" "$@" > "$D/$name.log" 2>&1
   echo "$name: rc $? ($(grep -c 'Capturing CUDA graphs' "$D/$name.log") capture lines)"
 }
@@ -216,6 +219,9 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
         vllm_fp32) p=off; fi="--state-dtype float32" ;;
         plugin_fi) fi="--prefill flashinfer --state-dtype float32" ;;
       esac
+      # SPY80=1: py-spy samples every process of the engine (its wheel carried in .whl; it
+      # starts the engine, so it may read its children), raw stacks for profiling/spy_report.py
+      E2E_WRAP=${SPY80:+py-spy record --subprocesses --nonblocking -r ${SPY_RATE:-200} -f raw -o $D/spy_$tag.txt --} \
       e2e e80_$tag $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \

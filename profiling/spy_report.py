@@ -1,6 +1,6 @@
 """Compare where two engines spend host time, from py-spy's raw (collapsed) stacks.
 
-    python profiling/spy_report.py spy_plugin.txt spy_vllm.txt [--within run_busy_loop] [--rate 200]
+    python profiling/spy_report.py spy_plugin.txt spy_vllm.txt [--within run_busy_loop] [--rate 50]
 
 Each input is ``py-spy record --subprocesses -f raw`` output (``vllm_session.sh e2e80`` with
 SPY80=1): one line per distinct stack, ``frame;frame;...;frame COUNT``, the root frame naming
@@ -83,7 +83,7 @@ def main(argv=None):
     p.add_argument("files", nargs="+", help="py-spy raw outputs; the first and the last are compared")
     p.add_argument("--within", default="run_busy_loop",
                    help="count only stacks through this function ('' for all)")
-    p.add_argument("--rate", type=float, default=200.0, help="py-spy's sampling rate (Hz)")
+    p.add_argument("--rate", type=float, default=50.0, help="py-spy's sampling rate (Hz)")
     p.add_argument("--top", type=int, default=40)
     a = p.parse_args(argv)
     print(compare(a.files, a.within or None, a.rate, a.top))

@@ -220,8 +220,11 @@ print(int(r['plugin'] < r['vllm']))" 2>/dev/null)
         plugin_fi) fi="--prefill flashinfer --state-dtype float32" ;;
       esac
       # SPY80=1: py-spy samples every process of the engine (its wheel carried in .whl; it
-      # starts the engine, so it may read its children), raw stacks for profiling/spy_report.py
-      E2E_WRAP=${SPY80:+py-spy record --subprocesses --nonblocking -r ${SPY_RATE:-200} -f raw -o $D/spy_$tag.txt --} \
+      # starts the engine, so it may read its children), raw stacks for profiling/spy_report.py.
+      # It writes them only when the engine exits before E2E_TIMEOUT: at 200 Hz (2026-12-04)
+      # each engine took ~4.5 minutes instead of ~2.5, py-spy fell behind, the timeout killed
+      # it and nothing was written; so 50 Hz, one engine a call, E2E_TIMEOUT=480
+      E2E_WRAP=${SPY80:+py-spy record --subprocesses --nonblocking -r ${SPY_RATE:-50} -f raw -o $D/spy_$tag.txt --} \
       e2e e80_$tag $M80 --dtype bfloat16 --load-format dummy --plugin $p --prefix-caching on $fi \
           --graphs on --gpu-mem ${GPU_MEM80:-0.3} --kv-cache-gib ${KV80_GIB:-24} --max-model-len 32768 \
           --scenarios ${SCEN80:-ttft,decode,burst} --ttft-len 16000,32000 --decode-batch 64 \

@@ -2,7 +2,7 @@
 FlashInfer, vLLM's Triton decode and fla-core.
 
     python3 profiling/bench_decode.py --out DIR [--quick] [--tp 1,2] [--pools fp32,bf16]
-                                      [--only ours,fla,vllm,fi] [--no-sweep]
+                                      [--only ours,fla,vllm,fi,copy] [--no-sweep]
 
 Shapes: K = V = 128, bf16 inputs; heads HK 16 / HV 32 (TP 1: 2 MiB per fp32 state per layer) and
 HK 8 / HV 16 (TP 2, --tp); read slots != write slots. For each batch size B (TP 1: 1, 4, 16, 64,
@@ -19,6 +19,9 @@ HK 8 / HV 16 (TP 2, --tp); read slots != write slots. For each batch size B (TP 
     relative difference of its output and written states to ours; the first call (compiles:
     FlashInfer's CuTe-DSL kernels, 1 per pool size for fp32) is timed apart and kept out of the
     medians. A row that fails (e.g. FlashInfer at B = 1) prints its error in the table;
+  * a plain copy of the same B states from the read to the write slots (column "copy"), timed
+    the same way: what moving those bytes costs at this B, launch and tail included, and ours
+    as a fraction of it ("ours/it");
   * FLA's fused_recurrent_gated_delta_rule (fla-core) if importable, on a gathered state tensor
     (it has no slots), TP 1 fp32;
   * a stack of 36 decode layers, one pool per layer (fewer pools, shared round-robin by the
@@ -71,7 +74,7 @@ BF16_SWEEP_MAXNREG = [(16, 2, 64), (16, 2, 96), (16, 1, 96), (32, 2, 96), (32, 2
 # math (gdn_decode's nsub), for bf16 and fp32 pools (NSUB_SWEEP_B)
 NSUB_SWEEP = [(8, 1, 2), (8, 1, 4), (16, 2, 2), (16, 2, 4), (16, 1, 4), (32, 2, 2), (4, 1, 4)]
 NSUB_SWEEP_B = (64, 256, 1024)
-COLUMNS = ("ours", "fla", "vllm", "fi")
+COLUMNS = ("ours", "fla", "vllm", "fi", "copy")
 POOL_DTYPES = ("fp32", "bf16")
 GiB = 1 << 30
 MIN_LAUNCHES = 8  # per timed replay
@@ -537,6 +540,17 @@ def make_fi_padded(fi_decode):
     return make
 
 
+def make_copy():
+    """The floor of any decode at this B: a plain copy of the B states from the read slots to the
+    write slots (every column's sets are B consecutive slots each), the state bytes a decode
+    moves and nothing else, launched and replayed like the columns."""
+    def make(x, pool, rs, ws, out):
+        r0, w0, n = int(rs[0]), int(ws[0]), rs.numel()  # (a sync, outside any timing)
+        src, dst = pool[r0:r0 + n], pool[w0:w0 + n]
+        return lambda: dst.copy_(src)
+    return make
+
+
 def make_vllm(vl_decode):
     """vLLM's packed decode: reads and writes ssm_state_indices (the read slots), in place."""
     def make(x, pool, rs, ws, out):
@@ -690,6 +704,13 @@ def run_columns(bench, torch, gdn_decode, args, fi, vl, budget, target, copy_tbp
                     r = bench_column(bench, [("", make_vllm(vl["fn"]))], B, dtype, budget, target,
                                      ref_make=ours, in_place=True, label=f"vLLM tp{tp} {dname}")
                     rows.append(dict(base, column="vllm", **r))
+                if "copy" in args.only:
+                    r = bench_column(bench, [("", make_copy())], B, dtype, budget, target,
+                                     label=f"copy tp{tp} {dname}")
+                    if "ms" in r:  # it moves the states only: its bandwidth counts those
+                        r["total_bytes"] = r["state_bytes"]
+                        r["TBps"] = r["state_bytes"] / r["ms"] / 1e9
+                    rows.append(dict(base, column="copy", **r))
     set_tp(1)
     for r in rows:
         if "TBps" in r:
@@ -874,16 +895,22 @@ def print_columns(results):
     print("\ncolumns side by side: us per layer, % of copy bandwidth, rel diff of out to ours "
           "(states: the JSON)")
     hdr = (f"{'tp':>3} {'pool':>5} {'B':>5} | {'ours us':>8} {'%copy':>6} | {'FI us':>8} {'%copy':>6} "
-           f"{'diff':>7} | {'vLLM us':>8} {'%copy':>6} {'diff':>7}")
+           f"{'diff':>7} | {'vLLM us':>8} {'%copy':>6} {'diff':>7} | {'copy us':>8} {'%copy':>6} "
+           f"{'ours/it':>7}")
     print(hdr)
     print("-" * len(hdr))
     keys = sorted({(r["tp"], r["pool"]) for r in cols}, key=lambda t: (t[0], t[1] != "fp32"))
     failures = []
     for tp, pool in keys:
-        o, f, v = (column_rows(results, tp, pool, c) for c in ("ours", "fi", "vllm"))
+        o, f, v, c = (column_rows(results, tp, pool, x) for x in ("ours", "fi", "vllm", "copy"))
         for B in sorted(set(o) | set(f) | set(v)):
+            # ours against a plain copy of the same state bytes at this B: the bar a kernel
+            # that moves them can reach, launch and tail included
+            same = (f"{100 * c[B]['ms'] / o[B]['ms']:6.1f}%" if "ms" in c.get(B, {})
+                    and "ms" in o.get(B, {}) else f"{'':>7}")
             print(f"{tp:>3} {pool:>5} {B:>5} | {_cell(o.get(B), copy, False)} | "
-                  f"{_cell(f.get(B), copy)} | {_cell(v.get(B), copy)}")
+                  f"{_cell(f.get(B), copy)} | {_cell(v.get(B), copy)} | "
+                  f"{_cell(c.get(B), copy, False)} {same}")
             for name, r in (("ours", o.get(B)), ("FlashInfer", f.get(B)), ("vLLM", v.get(B))):
                 if r is not None and "error" in r:
                     failures.append(f"tp{tp} {pool} B={B} {name}: {r['error']}")

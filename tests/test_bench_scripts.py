@@ -320,7 +320,7 @@ def test_decode_args_and_help(capsys):
     a = bd.parse_args(["--out", "x", "--tp", "2", "--pools", "bf16", "--only", "ours,fi",
                        "--batches", "1,4"])
     assert a.tp == [2] and a.pools == ["bf16"] and a.only == ["ours", "fi"] and a.batches == [1, 4]
-    assert bd.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla"]
+    assert bd.parse_args(["--out", "x", "--no-fi", "--no-vllm"]).only == ["ours", "fla", "copy"]
     for bad in (["--tp", "4"], ["--pools", "fp16"], ["--only", "sglang"], ["--batches", "0"]):
         with pytest.raises(SystemExit):
             bd.parse_args(["--out", "x", *bad])
@@ -364,6 +364,25 @@ def test_decode_dry_run_with_stand_ins(tmp_path, capsys):
     (row,) = [r for r in res["columns"] if r["column"] == "fi"]
     assert "CuTe-DSL argument error" in row["error"] and "contiguous" in row["error"]
     assert "B=1 FlashInfer: " in capsys.readouterr().out
+
+
+def test_decode_copy_column_dry_run(tmp_path, capsys):
+    """The same-bytes copy column: it moves the B read states to the write slots (nothing else),
+    its bandwidth counts the states only, and the table sets ours against it."""
+    import torch
+    bd = load_script("bench_decode")
+    pool = torch.randn(9, 2, 3, 4)
+    rs, ws = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([4, 5, 6], dtype=torch.int32)
+    before = pool.clone()
+    bd.make_copy()(None, pool, rs, ws, None)()
+    assert torch.equal(pool[4:7], before[1:4]) and torch.equal(pool[:4], before[:4])
+    assert torch.equal(pool[7:], before[7:])
+    res = bd.main(["--out", str(tmp_path), "--cpu-dry-run", "--no-stack", "--no-sweep", "--tp", "1",
+                   "--pools", "bf16", "--only", "ours,copy", "--batches", "2"])
+    (row,) = [r for r in res["columns"] if r["column"] == "copy"]
+    assert "error" not in row and row["total_bytes"] == row["state_bytes"], row
+    assert abs(row["TBps"] - row["state_bytes"] / row["ms"] / 1e9) < 1e-12
+    assert "ours/it" in capsys.readouterr().out
 
 
 def test_decode_bf16_sweep_dry_run(tmp_path, capsys):

@@ -227,7 +227,7 @@ class Case:
             self.slots[name] = (writes, ckpts)  # host copies: FlashInfer's pool column scatters to them
             self.metas[name] = chunk_meta([L] * nseq, [0] * nseq, [-1] * nseq, writes, ckpts, Bk, device=dev)
         self.out = torch.empty(T, HV, V, device=dev, dtype=bf)
-        self.ws = ChunkWorkspace(T, HV, K, V, bf, dev, HK=HK, carry_seqs=nseq)  # (phases)
+        self.ws = ChunkWorkspace(T, HV, K, V, bf, dev, HK=HK)
 
     def args(self):
         return (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.pool)
@@ -271,9 +271,8 @@ def bench_ours(torch, triton, case, quick, cfg=None):
     from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_seq_fwd, gdn_chunk_prefill
     from gdn_graphs.ops.workspace import chunk_config
 
-    cfg = cfg or chunk_config(case.nseq, torch.bfloat16, case.T if DEVICE == "cuda" else None)
-    res = dict(config=dict(bv=cfg.bv, warps_seq=cfg.warps_seq, stages=cfg.stages_for(torch.bfloat16),
-                           phases=cfg.phases))
+    cfg = cfg or chunk_config(case.nseq, torch.bfloat16)
+    res = dict(config=dict(bv=cfg.bv, warps_seq=cfg.warps_seq, stages=cfg.stages_for(torch.bfloat16)))
     for name, _ in MODES:
         meta = case.metas[name]
 
@@ -962,8 +961,7 @@ def print_table(results, sweep_only=False):
         if "peak_extra_MiB" in r.get("ours", {}):
             print(f"{shape:>12} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
                   f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)"
-                  + (" knobs bv {bv} / {warps_seq} warps / {stages} stages / {phases} phases".format(
-                      **{"phases": 1, **r["ours"]["config"]})
+                  + (" knobs bv {bv} / {warps_seq} warps / {stages} stages".format(**r["ours"]["config"])
                      if "config" in r["ours"] else ""))
     print("\nside by side (vs ours: ours' time at the same checkpoint mode / this column's, > 1: "
           "faster than ours; the no-checkpoint columns against ours off)")

@@ -287,79 +287,6 @@ def test_chunked_steps_equal_one_step(device, dtype):
                        seed=13, plan_seed=9, pool_slots=32)
 
 
-def _phase_case(device, pool_dtype, dtype=torch.bfloat16, HK=2, HV=4, K=16, V=32, B=128):
-    """A batch of spans of 1 to 12 chunks (mid-chunk starts, several block boundaries each), its
-    pool, plan and inputs."""
-    seqs = [(300, 37), (1, 0), (130, 64), (64, 100), (700, 5)]
-    T = sum(L for L, _ in seqs)
-    inputs = make_inputs(T, HK, HV, K, V, dtype, device, seed=21)
-    pool = make_pool(64, HV, V, K, pool_dtype, device)
-    reads, writes, ckpts = plan(seqs, B, pool.shape[0], random.Random(6))
-    seed_states(pool, reads)
-    return seqs, T, inputs, pool, (reads, writes, ckpts), dict(HV=HV, K=K, V=V, HK=HK, B=B)
-
-
-@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_phases_give_the_bits_of_one_phase(device, pool_dtype):
-    """A call cut into phases (ChunkConfig.phases: both kernels launched once per run of each
-    span's chunks, the state carried between them in the workspace's fp32 carry) computes the bits
-    of one phase: outputs, final states and every checkpoint, for spans of fewer chunks than
-    phases too; the carry is used; the pool changes only at the step's slots (check_batch)."""
-    seqs, T, inputs, pool0, slots, d = _phase_case(device, pool_dtype)
-    dtype = inputs[0].dtype
-    ws = ChunkWorkspace(T, d["HV"], d["K"], d["V"], dtype, device, HK=d["HK"], carry_seqs=len(seqs))
-    pool = pool0.clone()
-    ref_out = run(seqs, d["B"], *slots, inputs, pool, workspace=ws).clone()
-    ref_pool = pool.clone()
-    check_batch(seqs, d["B"], *slots, inputs, ref_out, pool0, ref_pool, TOL[torch.bfloat16])
-    for P in (2, 3, 7):
-        ws.carry.fill_(float("nan"))
-        pool = pool0.clone()
-        out = run(seqs, d["B"], *slots, inputs, pool, workspace=ws, config=ChunkConfig(phases=P))
-        assert torch.equal(out, ref_out), P
-        assert torch.equal(bits(pool), bits(ref_pool)), P
-        assert not torch.isnan(ws.carry).all(), (P, "the carry was not used")
-
-
-def test_phases_need_a_carry_for_every_sequence(device):
-    """Without a carry row for each entry that may hold a span the call runs in one phase (the
-    carry untouched, same bits); ``num_seqs`` tells the call how many entries hold spans."""
-    seqs, T, inputs, pool0, slots, d = _phase_case(device, torch.float32)
-    dtype = inputs[0].dtype
-    cfg = ChunkConfig(phases=3)
-    pool = pool0.clone()
-    ref_out = run(seqs, d["B"], *slots, inputs, pool).clone()
-    for rows, num_seqs, used in ((len(seqs) - 1, None, False), (0, None, False),
-                                 (len(seqs), None, True), (len(seqs), len(seqs) + 1, False)):
-        ws = ChunkWorkspace(T, d["HV"], d["K"], d["V"], dtype, device, HK=d["HK"], carry_seqs=rows)
-        ws.carry.fill_(float("nan"))
-        pool = pool0.clone()
-        kw = {} if num_seqs is None else dict(num_seqs=num_seqs)
-        out = run(seqs, d["B"], *slots, inputs, pool, workspace=ws, config=cfg, **kw)
-        assert torch.equal(out, ref_out), (rows, num_seqs)
-        assert bool(torch.isnan(ws.carry).all()) != used, (rows, num_seqs)
-
-
-def test_phases_with_a_wrong_host_count_stay_in_bounds(device):
-    """A host count that misses live spans (num_seqs = 1 of 5) with a carry of one row: the other
-    spans get ERR_META (their carry would be out of bounds, so it is never read or written) and no
-    slot outside the step's, no other carry row and no padding row changes."""
-    from gdn_graphs.ops.common import ERR_META
-    seqs, T, inputs, pool0, (reads, writes, ckpts), d = _phase_case(device, torch.float32)
-    dtype = inputs[0].dtype
-    ws = ChunkWorkspace(T + 64, d["HV"], d["K"], d["V"], dtype, device, HK=d["HK"], carry_seqs=1)
-    pool = pool0.clone()
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
-    out = run(seqs, d["B"], reads, writes, ckpts, inputs, pool, workspace=ws,
-              config=ChunkConfig(phases=3), num_seqs=1, error_flag=flag)
-    assert int(flag[0]) & ERR_META
-    owned = set(writes) | {s for ck in ckpts for s in ck}
-    for s in range(pool.shape[0]):
-        if s not in owned:
-            assert torch.equal(bits(pool[s]), bits(pool0[s])), s
-    assert torch.isfinite(out.float()).all()
-
-
 def test_bad_inputs_raise(device):
     HK, HV, K, V = 2, 4, 16, 16
     q, k, v, a, b, A_log, dt_bias = make_inputs(70, HK, HV, K, V, torch.float32, device)
@@ -410,12 +337,11 @@ kernels = [
     (C._chunk_intra_kernel, dict(common, BVF=V, INV_PREC="tf32"), cfg.warps_intra,
      dict(a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*fp32", g_ws="*fp32", scale="fp32")),
     (C._chunk_seq_kernel, dict(common, BV=cfg.bv, NUM_STAGES=cfg.stages_for(torch.bfloat16), ROUND_STATE=False),
-     cfg.warps_seq, dict(g_ws="*fp32", ssm="*fp32", carry="*fp32")),
+     cfg.warps_seq, dict(g_ws="*fp32", ssm="*fp32")),
 ]
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "read_slot", "write_slot",
         "ckpt_offsets", "ckpt_slots", "error_flag"}
-ints = ("T", "max_seqs", "max_chunks", "max_ckpts", "num_slots", "block_size", "carry_rows", "phase",
-        "n_phases")
+ints = ("T", "max_seqs", "max_chunks", "max_ckpts", "num_slots", "block_size")
 
 
 def divisible(name, ty):  # what the launcher specialises on a GPU
@@ -588,57 +514,9 @@ def test_gpu_graph_replay_matches_eager(gpu):
         assert torch.equal(out[live:], torch.zeros_like(out[live:]))
 
 
-@pytest.mark.gpu
-def test_gpu_phases_give_the_bits_of_one_phase(gpu):
-    """Phases on the GPU (the sequential kernel on a side stream beside the parallel kernel's next
-    phase): every phase count and V tile gives one phase's bits, read on the caller's stream right
-    after the call (no explicit sync: the caller's stream waits for the side stream); inside a CUDA
-    graph capture the call runs in one phase and the replay gives the same bits."""
-    HK, HV, K, V = GPU_DIMS.values()
-    B = 256
-    seqs = [(8192, 0), (2048, 100), (1, 0), (3000, 1000), (700, 37)]
-    T = sum(L for L, _ in seqs)
-    inputs = make_inputs(T, HK, HV, K, V, torch.bfloat16, gpu, seed=31)
-    pool0 = make_pool(160, HV, V, K, torch.float32, gpu)
-    reads, writes, ckpts = plan(seqs, B, pool0.shape[0], random.Random(4))
-    seed_states(pool0, reads)
-    meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, B, device=gpu)
-    ws = ChunkWorkspace(T, HV, K, V, torch.bfloat16, gpu, HK=HK, carry_seqs=len(seqs))
-    out = torch.empty(T, HV, V, dtype=torch.bfloat16, device=gpu)
-
-    def call(cfg, pool):
-        return gdn_chunk_prefill(*inputs, pool, meta, out=out, workspace=ws, config=cfg)
-
-    pool = pool0.clone()
-    ref_out, ref_pool = call(ChunkConfig(), pool).clone(), pool.clone()
-    for bv in (32, 64):
-        for P in (1, 2, 4, 8):
-            pool = pool0.clone()
-            out.fill_(float("nan"))
-            got = call(ChunkConfig(bv=bv, phases=P), pool)
-            assert torch.equal(got, ref_out), (bv, P)
-            assert torch.equal(pool.nan_to_num(7.0), ref_pool.nan_to_num(7.0)), (bv, P)
-    pool = pool0.clone()
-    cfg = ChunkConfig(phases=4)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call(cfg, pool)  # (warm, outside the capture)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call(cfg, pool)
-    pool.copy_(pool0)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, ref_out)
-    assert torch.equal(pool.nan_to_num(7.0), ref_pool.nan_to_num(7.0))
-
-
 def test_chunk_config_refuses_unvalidated_knobs():
     for bad in (dict(stages=1), dict(bv=8), dict(bv=128), dict(warps_seq=16), dict(warps_intra=2),
-                dict(dot_precision="fp64"), dict(phases=0), dict(phases=17), dict(phases=2.0)):
+                dict(dot_precision="fp64")):
         with pytest.raises(ValueError):
             ChunkConfig(**bad)
     assert ChunkConfig().stages_for(torch.bfloat16) == 3 and ChunkConfig().bv == 32
@@ -680,12 +558,4 @@ def test_chunk_config_by_sequence_count():
     assert MANY_SEQS_CONFIG.bv == 64 and MANY_SEQS_CONFIG != ChunkConfig()
     assert chunk_config(None, bf16) == chunk_config(1, bf16) == chunk_config(0, bf16) == ChunkConfig()
     assert chunk_config(2, bf16) == chunk_config(64, torch.float16) == MANY_SEQS_CONFIG
-    # phases: a known step of at most PHASE_MAX_SEQS sequences and at least PHASE_MIN_TOKENS tokens
-    from gdn_graphs.ops.workspace import PHASE_MAX_SEQS, PHASE_MIN_TOKENS, PHASES
-    big = PHASE_MIN_TOKENS
-    assert chunk_config(1, bf16, big) == dataclasses.replace(ChunkConfig(), phases=PHASES)
-    assert chunk_config(2, bf16, big) == dataclasses.replace(MANY_SEQS_CONFIG, phases=PHASES)
-    assert chunk_config(PHASE_MAX_SEQS, torch.float32, big).phases == PHASES
-    for n, t in ((1, big - 1), (PHASE_MAX_SEQS + 1, 10 * big), (None, big), (1, None), (0, big)):
-        assert chunk_config(n, bf16, t).phases == 1, (n, t)
     assert chunk_config(8, torch.float32) == ChunkConfig()

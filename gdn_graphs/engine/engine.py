@@ -54,7 +54,7 @@ from gdn_graphs.constants import CHUNK
 from gdn_graphs.engine.model import HybridGDNModel
 from gdn_graphs.engine.request import EngineConfig, Request, as_int, mode_available, token_ids
 from gdn_graphs.engine.spec import NgramDrafter, RingPool, SpecStats, accept_count
-from gdn_graphs.ops.workspace import PHASE_MAX_SEQS, ChunkWorkspace
+from gdn_graphs.ops.workspace import ChunkWorkspace
 from gdn_graphs.runtime.core import StepContext, step_context
 from gdn_graphs.runtime.plan import GDNPlanner, PlanLimits
 from gdn_graphs.runtime.step import classify_rows
@@ -123,7 +123,7 @@ class Engine:
     def _make_workspace(self) -> ChunkWorkspace:
         c = self.model.cfg
         return ChunkWorkspace(self.cfg.max_tokens, c.num_v_heads, c.head_k_dim, c.head_v_dim,
-                              c.dtype, self.device, HK=c.num_k_heads, carry_seqs=PHASE_MAX_SEQS)
+                              c.dtype, self.device, HK=c.num_k_heads)
 
     def _token_buckets(self) -> list[int]:
         if self.cfg.token_buckets:

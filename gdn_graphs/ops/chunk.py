@@ -19,15 +19,6 @@ Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs e
     state into the write slot. The same program reads the initial state before it writes any
     slot, so a checkpoint or write slot may equal the read slot.
 
-Phases (``ChunkConfig.phases`` = P > 1, CUDA): the sequential kernel keeps one SM busy per
-program with a chain of small dependent products while most of its issue slots idle, and the
-parallel kernel's chunks do not depend on any state. So a call can cut each span's chunks into P
-consecutive runs (chunk j of nc in phase floor(j * P / nc)) and launch both kernels once per
-phase: the parallel kernel's phase p + 1 on the caller's stream runs beside the sequential
-kernel's phase p on a high-priority side stream. A span's state enters phase p > 0 from the
-workspace's fp32 ``carry`` and leaves it there, unrounded, so every phase count computes the
-same bits as one phase.
-
 Chunks are aligned to absolute positions (a span starting mid-chunk first finishes that chunk), and
 a chunk's arithmetic depends only on its own tokens and its entering state (rows are indexed from
 the chunk's first token; nothing depends on the flat offset, the batch or the grid). So a run that
@@ -81,18 +72,6 @@ __all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace
 
 
 @triton.jit
-def _phase_of(j, nc, n_phases):
-    """The phase of chunk j of a span of nc chunks cut into n_phases runs: floor(j * P / nc), so
-    phase p holds chunks [cdiv(p * nc, P), cdiv((p + 1) * nc, P)) (``_phase_range``)."""
-    return (j * n_phases) // nc
-
-
-@triton.jit
-def _phase_range(phase, nc, n_phases):
-    return tl.cdiv(phase * nc, n_phases), tl.cdiv((phase + 1) * nc, n_phases)
-
-
-@triton.jit
 def _chunk_rows(bos, eos, off, j, o_c, BC: tl.constexpr):
     """Chunk j of the span [bos, eos) of flat tokens whose first token sits at offset ``off`` in
     its chunk: chunk j covers absolute positions [(n // BC + j) * BC, + BC) clipped to the span.
@@ -112,12 +91,12 @@ def _chunk_rows(bos, eos, off, j, o_c, BC: tl.constexpr):
 # (Measurements: profiling/results/2026-11-29/VLLM.md.) The same holds for the pool's size
 # num_slots and the checkpoint table's length max_ckpts, which only bound slot values and indices.
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
-@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt", "phase", "n_phases"])
+@triton.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
 def _chunk_intra_kernel(
     q, k, a, b, A_log, dt_bias, out,
     t_ws, p_ws, g_ws, qs_ws, kn_ws,
     cu_seqlens, start_pos, chunk_seq, chunk_idx, error_flag,
-    T, max_seqs, max_chunks, phase, n_phases,
+    T, max_seqs, max_chunks,
     s_qt, s_kt, s_at, s_bt, s_ot,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -143,7 +122,7 @@ def _chunk_intra_kernel(
     t_live0 = tl.load(cu_seqlens + max_seqs)
     t_live = tl.minimum(tl.maximum(t_live0, 0), T)
     report(error_flag, (pid == 0) & (t_live != t_live0), ERR_TOKENS_C, HAS_FLAG)
-    n_pad = tl.where(phase == 0, tl.cdiv(T - t_live, BC), 0)  # by the first phase's launch
+    n_pad = tl.cdiv(T - t_live, BC)
     # (a while loop: the Triton interpreter cannot take a loaded scalar as a range bound)
     tile = i_c
     while tile < n_pad:
@@ -166,13 +145,10 @@ def _chunk_intra_kernel(
     # of the tensors; a chunk index that is not one of the span's chunks is skipped
     bos, eos, clipped = clip_span(tl.load(cu_seqlens + i_n), tl.load(cu_seqlens + i_n + 1), T)
     n, moved = clip_pos(tl.load(start_pos + i_n))
-    nc = span_chunks(n, eos - bos, BC)
-    bad_j = (i_j < 0) | (i_j >= nc)
+    bad_j = (i_j < 0) | (i_j >= span_chunks(n, eos - bos, BC))
     report(error_flag, clipped | moved, ERR_TOKENS_C, HAS_FLAG)
     report(error_flag, bad_j, ERR_META_C, HAS_FLAG)
     if bad_j:
-        return
-    if _phase_of(i_j, nc, n_phases) != phase:  # another launch's chunk (gdn_chunk_prefill)
         return
     off = n % BC
     _, m_t, rows = _chunk_rows(bos, eos, off, i_j, o_c, BC)
@@ -322,11 +298,11 @@ def _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots, 
 
 
 @triton.heuristics({"HAS_FLAG": lambda args: args["error_flag"] is not None})
-@triton.jit(do_not_specialize=["T", "max_ckpts", "num_slots", "carry_rows", "phase", "n_phases"])
+@triton.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
 def _chunk_seq_kernel(
-    out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, carry,
+    out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
     cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots, error_flag,
-    T, max_ckpts, num_slots, carry_rows, phase, n_phases, block_size, s_vt, s_ot, s_slot,
+    T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr,
     DOT_PREC: tl.constexpr, NUM_STAGES: tl.constexpr, ROUND_STATE: tl.constexpr,
@@ -369,28 +345,17 @@ def _chunk_seq_kernel(
     p_state = i_h * (V * K) + o_v[None, :] * K + o_k[:, None]
     m_state = m_k[:, None] & m_v[None, :]
 
-    # this launch's chunks j_lo .. j_hi - 1 (all of them in a call of one phase); the state comes
-    # from the read slot into the first phase and through the carry (fp32, exact) into the others
-    j_lo, j_hi = _phase_range(phase, nc, n_phases)
-    if j_lo >= j_hi:  # (a span of fewer chunks than phases has none in some)
-        return
-    carry_ok = i_n < carry_rows
-    report(error_flag, (n_phases > 1) & (~carry_ok), ERR_META_C, HAS_FLAG)  # a sequence the host missed
-    p_carry = carry + i_n.to(tl.int64) * (HV * V * K) + p_state
-    if j_lo == 0:
-        r_slot = tl.load(read_slot + i_n)
-        r_ok = slot_ok(r_slot, num_slots)  # only pool slots are dereferenced (else slot 0, masked)
-        b_S = tl.load(ssm + tl.where(r_ok, r_slot, 0).to(tl.int64) * s_slot + p_state,
-                      mask=m_state & r_ok, other=0.).to(tl.float32)
-        report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
-    else:
-        b_S = tl.load(p_carry, mask=m_state & carry_ok, other=0.)
+    r_slot = tl.load(read_slot + i_n)
+    r_ok = slot_ok(r_slot, num_slots)  # only pool slots are dereferenced (else slot 0, masked)
+    b_S = tl.load(ssm + tl.where(r_ok, r_slot, 0).to(tl.int64) * s_slot + p_state,
+                  mask=m_state & r_ok, other=0.).to(tl.float32)
+    report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
     # tl.range lets Triton software-pipeline the loads of the next chunk; the interpreter (numpy
     # >= 2) cannot take a loaded scalar as a range bound, so it runs the same body in a while loop
     if INTERPRET:
-        j = j_lo
-        while j < j_hi:
+        j = 0
+        while j < nc:
             b_S = _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
                              error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
                              s_vt, s_ot, s_slot, max_ckpts, num_slots,
@@ -398,21 +363,18 @@ def _chunk_seq_kernel(
                              HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
             j += 1
     else:
-        for j in tl.range(j_lo, j_hi, num_stages=NUM_STAGES):
+        for j in tl.range(0, nc, num_stages=NUM_STAGES):
             b_S = _seq_chunk(b_S, j, out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm, ckpt_slots,
                              error_flag, bos, eos, off, c0, n_end, first_blk, ck0, block_size,
                              s_vt, s_ot, s_slot, max_ckpts, num_slots,
                              i_h, i_hk, o_c, o_k, m_k, o_v, m_v, p_state, m_state,
                              HK, HV, K, V, BC, DOT_PREC, ROUND_STATE, INTERPRET, HAS_FLAG)
 
-    if j_hi == nc:  # the span's last phase: the final state
-        w_slot = tl.load(write_slot + i_n)
-        w_ok = slot_ok(w_slot, num_slots)
-        tl.store(ssm + tl.where(w_ok, w_slot, 0).to(tl.int64) * s_slot + p_state,
-                 cast_like_gpu(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & w_ok)
-        report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
-    else:
-        tl.store(p_carry, b_S, mask=m_state & carry_ok)
+    w_slot = tl.load(write_slot + i_n)
+    w_ok = slot_ok(w_slot, num_slots)
+    tl.store(ssm + tl.where(w_ok, w_slot, 0).to(tl.int64) * s_slot + p_state,
+             cast_like_gpu(b_S, ssm.dtype.element_ty, INTERPRET), mask=m_state & w_ok)
+    report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
 
 _fail = functools.partial(fail, "gdn_chunk_prefill")  # every message starts "gdn_chunk_prefill: "
@@ -469,11 +431,10 @@ def _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace):
 
 def chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
                     num_warps: int = 4, dot_precision: str = "ieee", inv_precision: str = "ieee",
-                    error_flag=None, phase: int = 0, n_phases: int = 1):
+                    error_flag=None):
     """Launch the chunk-parallel kernel (no checks; see gdn_chunk_prefill): ws.t, p, g, qs, kn
-    for every chunk of phase ``phase`` of ``n_phases`` (default: all), and out's padding rows
-    (phase 0). Returns Triton's handle of the compiled kernel (registers, spills: ``.n_regs``,
-    ``.n_spills``)."""
+    for every chunk, out's padding rows. Returns Triton's handle of the compiled kernel
+    (registers, spills: ``.n_regs``, ``.n_spills``)."""
     T, HK, K = q.shape
     HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)
@@ -481,7 +442,7 @@ def chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: C
         q, k, a, b, A_log, dt_bias, out,
         ws.t, ws.p, ws.g, ws.qs, ws.kn,
         meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,
-        T, meta.max_seqs, meta.max_chunks, phase, n_phases,
+        T, meta.max_seqs, meta.max_chunks,
         q.stride(0), k.stride(0), a.stride(0), b.stride(0), out.stride(0),
         float(scale),
         HK=HK, HV=HV, K=K, V=V,
@@ -493,23 +454,20 @@ def chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: C
 
 def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
                   bv: int = 32, num_warps: int = 4, num_stages: int = 2,
-                  dot_precision: str = "ieee", error_flag=None, phase: int = 0, n_phases: int = 1):
+                  dot_precision: str = "ieee", error_flag=None):
     """Launch the sequential-over-chunks kernel (no checks; see gdn_chunk_prefill) after
-    chunk_intra_fwd filled ``ws`` (for phase ``phase`` of ``n_phases``: that phase's chunks, the
-    state from ws.carry unless it is a span's first); it reads v itself. The token count T is
-    out's (the workspace holds at least as many)."""
+    chunk_intra_fwd filled ``ws``; it reads v itself. The token count T is out's (the workspace
+    holds at least as many)."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
     bv = min(bv, triton.next_power_of_2(V))
     grid = (HV * triton.cdiv(V, bv), meta.max_seqs)
-    # (no carry: any fp32 tensor stands in, never dereferenced with carry_rows 0)
-    carry = ws.carry if ws.carry.shape[0] else ws.g
     _chunk_seq_kernel[grid](
-        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm, carry,
+        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets, meta.ckpt_slots,
-        error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0], ws.carry.shape[0],
-        phase, n_phases, meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
+        error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
+        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
         HK=HK, HV=HV, K=K, V=V,
         BK=triton.next_power_of_2(K), BV=bv, BC=CHUNK,
         DOT_PREC=dot_precision, NUM_STAGES=num_stages, ROUND_STATE=ssm.dtype != torch.float32,
@@ -519,7 +477,7 @@ def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
 
 def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=None, scale=None,
                       workspace: ChunkWorkspace | None = None, config: ChunkConfig | None = None,
-                      error_flag=None, num_seqs: int | None = None):
+                      error_flag=None):
     """Chunked GatedDeltaNet prefill over a varlen batch, storing block states into the pool.
 
     Args:
@@ -542,15 +500,8 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
         scale: query scale, default K ** -0.5.
         workspace: ChunkWorkspace (max_tokens >= T, same HV, K, V, input dtype); default: a new one.
         config: ChunkConfig launch knobs (default: chunk_config(meta.num_seqs, q.dtype); every
-            config gives the same bits). Its phases run only where the call's sequences (the
-            first ``num_seqs`` entries) fit workspace.carry and no CUDA graph is being captured,
-            else one phase; with phases the sequential kernel runs on a side stream that the
-            caller's stream waits for before anything it launches after this call.
+            config gives the same bits).
         error_flag: optional int32 [>= 1]; gdn_graphs.ops.common's codes are OR-ed into element 0.
-        num_seqs: host bound on the entries of meta that hold spans (they are its first
-            num_seqs; default meta.max_seqs); only chooses whether phases can run. A span at an
-            entry past workspace.carry in a call of phases gets ERR_META and wrong values, and
-            touches no memory outside its own slots and rows.
     Returns ``out``. Graph-safe: no host sync and no allocation when out and workspace are given.
     """
     _check_inputs(q, k, v, a, b, A_log, dt_bias, ssm, meta, out, workspace)
@@ -568,52 +519,9 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     fp32 = q.dtype == torch.float32
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
-    n_phases = _phases(cfg, meta.max_seqs if num_seqs is None else int(num_seqs), workspace, q.device)
-
-    def intra(p):
-        chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
-                        num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
-                        error_flag=error_flag, phase=p, n_phases=n_phases)
-
-    def seq(p):
-        chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-                      num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec,
-                      error_flag=error_flag, phase=p, n_phases=n_phases)
-
-    if n_phases == 1 or q.device.type != "cuda":
-        for p in range(n_phases):  # (the interpreter: the phases one after the other)
-            intra(p)
-            seq(p)
-        return out
-    # Phase p of the sequential kernel (a few long-lived programs, one per sequence, head and V
-    # tile, mostly waiting on their chain of dependent products) runs on a high-priority side
-    # stream while the parallel kernel fills the rest of the SMs with phase p + 1; the main
-    # stream waits for the side stream before anything after this call.
-    main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
-    for p in range(n_phases):
-        intra(p)
-        done = torch.cuda.Event()
-        done.record(main)
-        side.wait_event(done)
-        with torch.cuda.stream(side):
-            seq(p)
-    main.wait_stream(side)
+    chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
+                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
+                    error_flag=error_flag)
+    chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+                  num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device):
-    """The stream of gdn_chunk_prefill's sequential kernel in a call of several phases (one per
-    device, the highest priority: its programs take SMs as soon as they free)."""
-    return torch.cuda.Stream(device=device, priority=-100)  # (clamped to the device's highest)
-
-
-def _phases(cfg: ChunkConfig, rows: int, ws: ChunkWorkspace, device) -> int:
-    """cfg.phases where a call can take them, else 1: the workspace's carry holds a state for each
-    of the ``rows`` entries that may hold a span, and no CUDA graph is being captured (a capture
-    would keep this step's phase count for every replay)."""
-    if cfg.phases == 1 or rows > ws.carry.shape[0]:
-        return 1
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return 1
-    return cfg.phases

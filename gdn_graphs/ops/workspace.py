@@ -7,7 +7,7 @@ allocate it once, outside a CUDA graph. ChunkConfig holds the launch knobs of th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -15,7 +15,7 @@ from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import FLOAT_DTYPES, fail
 
 __all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG", "MANY_SEQS_CONFIG",
-           "PHASE_MAX_SEQS", "chunk_config"]
+           "chunk_config"]
 
 
 class ChunkWorkspace:
@@ -28,19 +28,15 @@ class ChunkWorkspace:
     max_tokens * (HV * 128 + 2 * HK * K) elements plus max_tokens * HV floats; nothing of size
     T/64 * HV * V * K. The workspace only carries data between the two kernels of one call, so
     one serves every layer.
-
-    ``carry_seqs``: rows of ``carry`` [carry_seqs, HV, V, K] fp32, the state of each sequence
-    between the phases of a call that overlaps the two kernels (ChunkConfig.phases; a call of
-    more sequences than this runs in one phase). 0: no carry, every call in one phase.
     """
 
-    def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None, carry_seqs=0):
+    def __init__(self, max_tokens, HV, K, V, dtype, device, HK=None):
         if dtype not in FLOAT_DTYPES:
             fail("ChunkWorkspace", f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
         HK = HV if HK is None else HK
-        if max_tokens < 1 or min(HV, K, V, HK) < 1 or HK > HV or carry_seqs < 0:
-            fail("ChunkWorkspace", f"need max_tokens, HV, K, V >= 1, 1 <= HK <= HV and carry_seqs "
-                 f">= 0, got {max_tokens}, {HV}, {K}, {V}, HK={HK}, carry_seqs={carry_seqs}")
+        if max_tokens < 1 or min(HV, K, V, HK) < 1 or HK > HV:
+            fail("ChunkWorkspace", f"need max_tokens, HV, K, V >= 1 and 1 <= HK <= HV, got "
+                 f"{max_tokens}, {HV}, {K}, {V}, HK={HK}")
         self.max_tokens, self.HV, self.K, self.V, self.HK = int(max_tokens), int(HV), int(K), int(V), int(HK)
         self.dtype, self.device = dtype, torch.device(device)
         n = self.max_tokens
@@ -50,14 +46,12 @@ class ChunkWorkspace:
         self.g = torch.empty(n, HV, dtype=torch.float32, device=device)
         self.qs = torch.empty(n, HK, K, **mk)  # used as [T, HK_actual, K], HK_actual <= HK
         self.kn = torch.empty(n, HK, K, **mk)
-        self.carry = torch.empty(int(carry_seqs), HV, V, K, dtype=torch.float32, device=device)
         # a gdn_graphs.ops.fi_prefill.FiWorkspace when the engine runs prefill on FlashInfer's
         # kernel where it can (run_gdn_core routes each step: fi_route); None: always ours
         self.fi = None
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size()
-                   for t in (self.t, self.p, self.g, self.qs, self.kn, self.carry))
+        return sum(t.numel() * t.element_size() for t in (self.t, self.p, self.g, self.qs, self.kn))
 
 
 def check_workspace(fn: str, ws, T: int, HK: int, HV: int, K: int, V: int, dtype, device):
@@ -72,9 +66,6 @@ def check_workspace(fn: str, ws, T: int, HK: int, HV: int, K: int, V: int, dtype
         fail(fn, f"workspace is on {ws.t.device}, inputs on {device}")
 
 
-MAX_PHASES = 16
-
-
 @dataclass(frozen=True)
 class ChunkConfig:
     """Launch knobs (no autotuning: the kernels write the pool in place, so they must run once).
@@ -85,11 +76,6 @@ class ChunkConfig:
     fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but spills
     registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
     inputs, "tf32" otherwise). The interpreter always computes in fp32.
-    phases: how many launches of each kernel a call is cut into, so that the sequential kernel's
-    phase p runs on a side stream while the parallel kernel computes phase p + 1 (each sequence's
-    chunks split into ``phases`` consecutive runs; the state crosses phases in fp32 through the
-    workspace's ``carry``, so the bits are those of one phase). 1: the two kernels one after the
-    other. Used only where the call's sequences fit the carry and no graph is being captured.
 
     Defaults and limits, from sweeps on an H200: bv 32 with 4 warps and 3 stages was the fastest
     config for bf16 inputs with one sequence (8 intra warps were slower); with several sequences
@@ -106,7 +92,6 @@ class ChunkConfig:
     stages: int | None = None
     dot_precision: str | None = None
     inv_precision: str | None = None
-    phases: int = 1
 
     def __post_init__(self):
         if self.bv not in (16, 32, 64):
@@ -117,8 +102,6 @@ class ChunkConfig:
         if self.stages not in (None, 2, 3):
             fail("ChunkConfig", f"stages must be None, 2 or 3 (1 miscompiles, see the docstring), "
                  f"got {self.stages}")
-        if not isinstance(self.phases, int) or not 1 <= self.phases <= MAX_PHASES:
-            fail("ChunkConfig", f"phases must be an int in [1, {MAX_PHASES}], got {self.phases!r}")
         for name in ("dot_precision", "inv_precision"):
             if getattr(self, name) not in (None, "ieee", "tf32", "tf32x3"):
                 fail("ChunkConfig", f"{name} must be None, 'ieee', 'tf32' or 'tf32x3'")
@@ -141,27 +124,12 @@ programs that re-read each chunk's q, k, T' and P. On an H200 (HV 32 / 16, bf16,
 with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0.88x / 0.83x)."""
 
 
-PHASE_MAX_SEQS = 8
-"""Carry rows the engines give their ChunkWorkspace: steps of up to this many prefill sequences
-can run in phases (8 states: 16 MiB at TP 1 with K = V = 128)."""
-
-PHASES = 4
-PHASE_MIN_TOKENS = 2048
-
-
-def chunk_config(num_seqs: int | None, dtype: torch.dtype, num_tokens: int | None = None) -> ChunkConfig:
-    """The launch knobs for a prefill of ``num_seqs`` sequences and ``num_tokens`` tokens (host
-    counts; None where they are not known, as in a CUDA-graph template) with inputs of ``dtype``.
-    Every config computes the same bits (V tiles are independent columns of the same products;
-    phases carry the state exactly), so the choice changes speed only, never a stored state:
-    warm == cold holds across steps that chose differently. An engine's warm-up must launch
-    every kernel variant (gdn_graphs.vllm.warmup does; phases add none: their counts are runtime
-    integers). Phases for steps of at most PHASE_MAX_SEQS sequences and at least
-    PHASE_MIN_TOKENS tokens (below that the extra launches cost more than the overlap gives)."""
-    cfg = DEFAULT_CONFIG
+def chunk_config(num_seqs: int | None, dtype: torch.dtype) -> ChunkConfig:
+    """The launch knobs for a prefill of ``num_seqs`` sequences (a host count; None where it is
+    not known, as in a CUDA-graph template) with inputs of ``dtype``. Every config computes the
+    same bits (V tiles are independent columns of the same products), so the choice changes
+    speed only, never a stored state: warm == cold holds across steps that chose differently.
+    An engine's warm-up must launch both (gdn_graphs.vllm.warmup does)."""
     if num_seqs is not None and num_seqs >= 2 and dtype != torch.float32:
-        cfg = MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 was never compiled or timed for them)
-    if (num_seqs is not None and num_tokens is not None and 1 <= num_seqs <= PHASE_MAX_SEQS
-            and num_tokens >= PHASE_MIN_TOKENS):
-        cfg = replace(cfg, phases=PHASES)
-    return cfg
+        return MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 was never compiled or timed for them)
+    return DEFAULT_CONFIG

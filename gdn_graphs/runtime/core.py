@@ -168,12 +168,10 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
                 # launch knobs by the host count of prefill rows (a template without its host
                 # plan: the default); every config computes the same bits
                 host = getattr(step, "host", None)
-                n_rows = None if host is None else host.num_prefills
-                # (phases only where kernels can run side by side: not under the interpreter)
-                cfg = chunk_config(n_rows, q.dtype, n_pre if q.is_cuda else None)
+                cfg = chunk_config(None if host is None else host.num_prefills, q.dtype)
                 gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm,
                                   step.prefill, out=out[sl], workspace=workspace, config=cfg,
-                                  error_flag=flag, num_seqs=n_rows)
+                                  error_flag=flag)
     if nd + n_pre < T:
         out[nd + n_pre:].zero_()
     return out

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from gdn_graphs.ops.workspace import PHASE_MAX_SEQS, ChunkWorkspace
+from gdn_graphs.ops.chunk import ChunkWorkspace
 from gdn_graphs.ops.fi_prefill import fi_capture, make_fi_workspace
 from gdn_graphs.runtime.step import GDNStep
 from gdn_graphs.vllm.slots import DeviceTablePlanner
@@ -82,7 +82,7 @@ class GDNResources:
         ws = self._workspaces.get(key)
         if ws is None:
             ws = self._workspaces[key] = ChunkWorkspace(self.max_tokens, HV, K, V, dtype, device,
-                                                        HK=HK, carry_seqs=PHASE_MAX_SEQS)
+                                                        HK=HK)
             if state_dtype is not None and self.fi_prefill:
                 ws.fi, why = make_fi_workspace(self.max_tokens, min(self.max_reqs, FI_MAX_SEQS), HK,
                                                HV, K, V, dtype, state_dtype, device)

@@ -5,8 +5,12 @@
 #   2: fi2; the other GPU tests (conv, decode, FlashInfer path, profile, spec kernels);
 #      bench_prefill --quick ours + FlashInfer (TP 1, 2); bench_decode ours + FlashInfer + copy
 #   3: the chunk and engine GPU tests again; bench_decode's quick sweep (ours, copy); bench_prefill ours
-# Everything under $OUT/s21_<n>.tgz; a summary last.
+# Everything under $OUT/s21_<n>.tgz; a summary last. The phases (phases.patch, beside this file,
+# not on main: written and CPU-tested on 2026-12-04, never run on a GPU) are applied to the device's
+# copy of the tree first (each call gets a fresh copy); run from the project root.
 set -u
+PATCH=profiling/results/2026-12-04/s21_phases/phases.patch
+git apply --check "$PATCH" 2>/dev/null && git apply "$PATCH"
 n=$1; OUT=${OUT:-/tmp/out}; W=/tmp/s21_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 FI=/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages

@@ -5,8 +5,12 @@ tokens into pool slots, bf16 inputs, fp32 pool, fresh sequences (bench_prefill's
     python3 profiling/results/2026-12-04/s21_phases/probe_phases.py --out DIR [--tp 1,2]
 
 Every config's outputs and pool are compared bit for bit with (bv 32, 3 stages, one phase).
-Writes DIR/probe_phases.json; prints a table (ms, and the speedup of the best phase count over
-one phase at the same knobs) last.
+Beside it in the same run, where FlashInfer imports, what a user gets without gdn_graphs on
+Hopper: FlashInfer's chunk_gated_delta_rule alone (bench_prefill's FiInputs: q, k normalised and
+the gates made outside the timing) without checkpoints (use_cp "auto", vLLM's pick, and False)
+and with its own checkpoints every 256 tokens into a side tensor. Writes DIR/probe_phases.json;
+prints a table last: ms per config and phase count, the best phase count against one phase, and
+our best against FlashInfer.
 """
 
 import argparse
@@ -40,6 +44,23 @@ def ms_of(fn):
     return float(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
 
 
+def fi_columns(fi, case):
+    """FlashInfer's kernel alone on this case: ms of "off" (use_cp auto), "off_nocp" and
+    "ckpt256" (its own checkpoints every 256 tokens), each caught on its own."""
+    fi = dict(fi, has_use_cp=True)
+    x = bp.FiInputs(torch, case)
+    res = {}
+    for key, fn in (("off", lambda: bp.fi_call(fi, x)),
+                    ("off_nocp", lambda: bp.fi_call(fi, x, use_cp=False)),
+                    ("ckpt256", lambda: bp.fi_call(fi, x, "B=256", use_cp=False))):
+        try:
+            res[key] = ms_of(fn)  # (its first call, which compiles, is ms_of's untimed one)
+        except Exception as e:  # noqa: BLE001 - e.g. a CuTe-DSL argument error
+            res[key + "_error"] = f"{e.__class__.__name__}: {str(e)[:200]}"
+    del x
+    return res
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -52,6 +73,7 @@ def main():
         SHAPES, KNOBS, PHASES = [(2, 192)], [(32, 3)], [1, 2]
         args.tp = "1"
     args.out.mkdir(parents=True, exist_ok=True)
+    fi, fi_why = bp.load_fi() if bp.DEVICE == "cuda" else (None, "not on the CPU")
     rows = []
     for tp in [int(t) for t in args.tp.split(",")]:
         bp.set_tp(tp)
@@ -91,14 +113,18 @@ def main():
                         row["error"] = f"{e.__class__.__name__}: {str(e)[:200]}"
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-            rows.append(dict(tp=tp, shape=f"{nseq}x{L}", intra_ms=intra_ms, seq_ms=seq_ms))
+            rows.append(dict(tp=tp, shape=f"{nseq}x{L}", intra_ms=intra_ms, seq_ms=seq_ms,
+                             fi=fi_columns(fi, case) if fi else dict(error=fi_why)))
+            print(json.dumps(rows[-1]), flush=True)
             del case, ws, pool0, ref_out, ref_pool
             if bp.DEVICE == "cuda":
                 torch.cuda.empty_cache()
     (args.out / "probe_phases.json").write_text(json.dumps(dict(
         commit=bp.git_commit(), device=torch.cuda.get_device_name() if bp.DEVICE == "cuda" else "cpu",
         rows=rows), indent=1))
-    print("\ntp shape      knobs  " + " ".join(f"P={P:<6}" for P in PHASES) + " best/P1  bits  (intra, seq ms)")
+    print("\ntp shape      knobs  " + " ".join(f"P={P:<6}" for P in PHASES)
+          + " best/P1  bits  (intra, seq ms; FlashInfer off / off non-cp / ckpt 256 ms; "
+          "FI off / our best, FI ckpt 256 / our best)")
     for tp in sorted({r["tp"] for r in rows}):
         for nseq, L in SHAPES:
             sh = f"{nseq}x{L}"
@@ -110,8 +136,15 @@ def main():
                 ok = all(r.get("same_bits") for r in rs.values())
                 best = min((m for m in ms if m), default=None)
                 ratio = (ms[0] / best) if ms[0] and best else float("nan")
-                extra = (f"({alone[0]['intra_ms']:.3f}, {alone[0]['seq_ms']:.3f})"
-                         if alone and (bv, st) == KNOBS[0] else "")
+                extra = ""
+                if alone and (bv, st) == KNOBS[0]:
+                    a, f = alone[0], alone[0]["fi"]
+                    ours = min((r["ms"] for r in rows if r.get("tp") == tp and r.get("shape") == sh
+                                and "ms" in r), default=None)
+                    fis = " / ".join(f"{f[k]:.3f}" if k in f else "err" for k in ("off", "off_nocp", "ckpt256"))
+                    rat = (f"; {f['off'] / ours:.2f}x, {f['ckpt256'] / ours:.2f}x"
+                           if ours and "off" in f and "ckpt256" in f else "")
+                    extra = f"({a['intra_ms']:.3f}, {a['seq_ms']:.3f}; {fis}{rat})"
                 print(f"{tp}  {sh:9s} {bv}/{st}  " + " ".join(f"{m:7.3f}" if m else "   err " for m in ms)
                       + f"  {ratio:5.2f}x  {'same' if ok else 'DIFF'}  {extra}")
 

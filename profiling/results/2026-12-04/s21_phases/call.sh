@@ -4,9 +4,9 @@
 #   1: fi1; the GPU tests that need no FlashInfer (engines, graphs, decode stack, safety, chunk,
 #      conv, decode, profile, spec kernels)
 #   2: fi2; the FlashInfer path's GPU tests; probe_phases.py (TP 1, 2) with FlashInfer's kernel
-#      beside ours; bench_decode ours + FlashInfer + copy (TP 1, 2)
+#      beside ours; bench_prefill --quick ours + FlashInfer (TP 1, 2: the chunk_config rule)
 #   3 (if device time is left): the chunk and engine GPU tests again, with the rule the probe
-#      picked; bench_decode's quick sweep (ours, copy); bench_prefill ours
+#      picked; bench_decode's quick sweep (ours, copy)
 # (each part has a timeout: at most ~550 s a call; 1 + 2 + 3 at most ~1,700 s with two starts)
 # Everything under $OUT/s21_<n>.tgz; a summary last. The phases (phases.patch, beside this file,
 # not on main: written and CPU-tested on 2026-12-04, never run on a GPU) are applied to the device's
@@ -41,15 +41,13 @@ case $n in
      export PYTHONPATH=$PYTHONPATH:$FI
      tests tests_fi 140 tests/test_fi_core.py tests/test_fi_prefill.py
      part probe 290 python3 profiling/results/2026-12-04/s21_phases/probe_phases.py --out "$W"
-     part bench_decode 110 python3 profiling/bench_decode.py --out "$W" --only ours,fi,copy \
-       --tp 1,2 --no-sweep --no-stack --batches 16,64,256,1024 --batches-tp2 64,256,1024
-     tail -75 "$W/probe.log"; grep -v "it/s" "$W/bench_decode.log" | tail -30 ;;
+     part bench_prefill 120 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
+       --tp 1,2 --no-sweep --no-fla --no-vllm
+     tail -75 "$W/probe.log"; grep -v "it/s" "$W/bench_prefill.log" | tail -30 ;;
   3) tests tests_c 150 tests/test_chunk.py tests/test_engine.py
      part bench_decode 200 python3 profiling/bench_decode.py --out "$W" --quick --only ours,copy \
        --tp 1 --no-stack --batches 16,64,256,1024
-     part bench_prefill 100 python3 profiling/bench_prefill.py --out "$W" --quick --only ours \
-       --tp 1,2 --no-sweep
-     grep -v "it/s" "$W/bench_decode.log" | tail -60; grep -v "it/s" "$W/bench_prefill.log" | tail -25 ;;
+     grep -v "it/s" "$W/bench_decode.log" | tail -60 ;;
 esac
 tar -C "$W" -czf "$OUT/s21_$n.tgz" .
 printf '%s\n' "${summary[@]}"

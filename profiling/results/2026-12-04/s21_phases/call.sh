@@ -11,10 +11,15 @@
 # Everything under $OUT/s21_<n>.tgz; a summary last. The phases (phases.patch, beside this file,
 # not on main: written and CPU-tested on 2026-12-04, never run on a GPU) are applied to the device's
 # copy of the tree first (each call gets a fresh copy); run from the project root.
+# The twenty-second stop's patch (../s22_fi_qk/qk.patch: the conv l2-normalises q and k for the
+# FlashInfer path and writes them into its workspace; written and CPU-tested, never run on a GPU)
+# is applied too: its GPU tests are test_conv's and test_fi_core's, in calls 1 and 2.
 set -u
-PATCH=profiling/results/2026-12-04/s21_phases/phases.patch
-if git apply --check "$PATCH" 2>/dev/null; then git apply "$PATCH"
-elif ! git apply --check -R "$PATCH" 2>/dev/null; then echo "phases.patch neither applies nor is applied"; exit 3; fi
+for PATCH in profiling/results/2026-12-04/s21_phases/phases.patch \
+             profiling/results/2026-12-04/s22_fi_qk/qk.patch; do
+  if git apply --check "$PATCH" 2>/dev/null; then git apply "$PATCH"
+  elif ! git apply --check -R "$PATCH" 2>/dev/null; then echo "$PATCH neither applies nor is applied"; exit 3; fi
+done
 n=$1; OUT=${OUT:-/tmp/out}; W=/tmp/s21_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 FI=/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages

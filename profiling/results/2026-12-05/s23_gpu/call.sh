@@ -7,8 +7,10 @@
 #      (TP 1, 2: P in 1, 2, 4, 8 at four knobs, every row checked bit for bit; no FlashInfer yet)
 #   2: fi2; the FlashInfer path's GPU tests; bench_prefill --quick ours (the chunk_config rule)
 #      beside FlashInfer's kernel and the FlashInfer path (TP 1, 2); the rest of the GPU tier
-#   3, 4 (qk.patch alone, the phases left off after call 1's probe): 3 = fi1 and the short GPU
-#      test files (conv, graphs, decode stack, safety, slots, spec placement: device time was short); 4 = fi2, the FlashInfer GPU tests, bench_prefill
+#   3, 4 (qk.patch alone: call 1's probe left the phases off; device time was short):
+#   3: fi1; the short GPU test files (graphs, decode stack, safety, slots, spec placement)
+#   4: fi2; the FlashInfer GPU tests; probe_fi_qk.py (conv + prefill step: the path on main, the
+#      path with qk.patch, ours; FlashInfer's kernel alone beside); bench_prefill as in 2
 # Everything under $OUT/s23_<n>.tgz; a summary last. Run from the project root.
 set -u
 n=$1
@@ -40,15 +42,17 @@ case $n in
      grep -E "FAILED|ERROR" "$W/tests_patched.log" | head -20
      tail -60 "$W/probe.log" ;;
   3) bash .stage/fi1/unpack.sh > "$W/unpack.log" 2>&1
-     tests tests_rest 100 tests/test_conv.py tests/test_graphs.py tests/test_decode_stack.py \
+     tests tests_rest 70 tests/test_graphs.py tests/test_decode_stack.py \
        tests/test_gpu_safety.py tests/test_vllm_slots.py tests/test_spec_placement.py
      grep -E "FAILED|ERROR" "$W/tests_rest.log" | head -20 ;;
   4) bash .stage/fi2/unpack.sh > "$W/unpack.log" 2>&1
      export PYTHONPATH=$PYTHONPATH:$FI
-     tests tests_fi 110 tests/test_fi_core.py tests/test_fi_prefill.py
-     part bench_prefill 180 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
+     tests tests_fi 100 tests/test_fi_core.py tests/test_fi_prefill.py
+     part probe_fi_qk 110 env OUT="$W" python3 profiling/results/2026-12-05/s23_gpu/probe_fi_qk.py
+     part bench_prefill 130 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
        --tp 1,2 --no-sweep --no-fla --no-vllm
      grep -E "FAILED|ERROR" "$W/tests_fi.log" | head -20
+     tail -8 "$W/probe_fi_qk.log"
      grep -v "it/s" "$W/bench_prefill.log" | tail -45 ;;
   2) bash .stage/fi2/unpack.sh > "$W/unpack.log" 2>&1
      export PYTHONPATH=$PYTHONPATH:$FI

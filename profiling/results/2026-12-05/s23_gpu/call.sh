@@ -13,7 +13,7 @@
 #      path with qk.patch, ours; FlashInfer's kernel alone beside); bench_prefill as in 2
 #   5: calls 3 and 4's FlashInfer work in one call (device time was shorter still): fi1 and fi2b
 #      (fi2 without the cuDNN frontend, which FlashInfer imports only inside try blocks, so both
-#      parts fit one call's 64 MiB), the FlashInfer GPU tests, probe_fi_qk.py, bench_prefill TP 1
+#      parts fit one call's 64 MiB), the FlashInfer GPU tests, probe_fi_qk.py at TP 1 (200 s of device time were left)
 # Everything under $OUT/s23_<n>.tgz; a summary last. Run from the project root.
 set -u
 n=$1
@@ -59,13 +59,11 @@ case $n in
      grep -v "it/s" "$W/bench_prefill.log" | tail -45 ;;
   5) bash .stage/fi1/unpack.sh > "$W/unpack.log" 2>&1; bash .stage/fi2b/unpack.sh >> "$W/unpack.log" 2>&1
      export PYTHONPATH=$PYTHONPATH:$FI
-     tests tests_fi 100 tests/test_fi_core.py tests/test_fi_prefill.py
-     part probe_fi_qk 110 env OUT="$W" python3 profiling/results/2026-12-05/s23_gpu/probe_fi_qk.py
-     part bench_prefill 90 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
-       --tp 1 --no-sweep --no-fla --no-vllm
+     tests tests_fi 80 tests/test_fi_core.py tests/test_fi_prefill.py
+     part probe_fi_qk 85 env OUT="$W" PROBE_TPS=1 PROBE_REPS=2 python3 \
+       profiling/results/2026-12-05/s23_gpu/probe_fi_qk.py
      grep -E "FAILED|ERROR" "$W/tests_fi.log" | head -20
-     tail -8 "$W/probe_fi_qk.log"
-     grep -v "it/s" "$W/bench_prefill.log" | tail -40 ;;
+     tail -6 "$W/probe_fi_qk.log" ;;
   2) bash .stage/fi2/unpack.sh > "$W/unpack.log" 2>&1
      export PYTHONPATH=$PYTHONPATH:$FI
      tests tests_fi 110 tests/test_fi_core.py tests/test_fi_prefill.py

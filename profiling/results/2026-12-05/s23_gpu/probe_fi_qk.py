@@ -26,7 +26,7 @@ DRY = "--cpu-dry-run" in sys.argv
 bp.DEVICE = "cpu" if DRY else "cuda"
 torch.set_grad_enabled(False)
 OUT = os.environ.get("OUT", "/tmp")
-REPS = 1 if DRY else 3
+REPS = 1 if DRY else int(os.environ.get("PROBE_REPS", 3))
 if DRY:
     import fi_standin
     fi_fn = fi_standin.chunk_gated_delta_rule
@@ -36,7 +36,8 @@ if DRY:
 else:
     fi_fn, why = load_fi()
     assert fi_fn is not None, why
-    SHAPES, TPS = [(1, 8192), (8, 2048), (4, 16384)], (1, 2)
+    SHAPES = [(1, 8192), (8, 2048), (4, 16384)]
+    TPS = tuple(int(t) for t in os.environ.get("PROBE_TPS", "1,2").split(","))
 DEV = bp.DEVICE
 K = V = bp.K
 EVERY = 256

@@ -5,6 +5,10 @@
 #      in one call (.stage/fi1 + .stage/fi2b, as s23_gpu/call.sh 5); the FlashInfer GPU tests;
 #      s23's probe_fi_qk.py at TP 1 and 2 (the path on main, with qk.patch, ours, FlashInfer's
 #      kernel alone beside); bench_prefill --quick ours,fi at TP 1 and 2
+#   2: main as it is (no patch); FlashInfer as in 1; probe_gluon_ws.py (does Gluon's
+#      warp_specialize run a loader + wgmma pipeline on sm_90?); bench_decode with the same-bytes
+#      copy column beside ours and FlashInfer's pool decode (fp32, bf16 pools; TP 1, 2): is the
+#      95% of copy bandwidth at B = 64 reachable by a plain copy of those bytes?
 set -u
 n=$1
 PATCH=profiling/results/2026-12-04/s22_fi_qk/qk.patch
@@ -38,6 +42,13 @@ case $n in
      grep -E "FAILED|ERROR" "$W/tests_fi.log" | head -20
      tail -8 "$W/probe_fi_qk.log"
      grep -v "it/s" "$W/bench_prefill.log" | tail -40 ;;
+  2) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part gluon_ws 150 env OUT="$W" python3 profiling/results/2026-12-05/s24_gpu/probe_gluon_ws.py
+     part bench_decode 300 python3 profiling/bench_decode.py --out "$W" --no-sweep --no-stack \
+       --only ours,fi,copy --tp 1,2
+     tail -25 "$W/gluon_ws.log"
+     grep -v "it/s" "$W/bench_decode.log" | tail -40 ;;
 esac
 tar -C "$W" -czf "$OUT/s24_$n.tgz" .
 printf '%s\n' "${summary[@]}"

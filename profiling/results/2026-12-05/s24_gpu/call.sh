@@ -9,6 +9,10 @@
 #      warp_specialize run a loader + wgmma pipeline on sm_90?); bench_decode with the same-bytes
 #      copy column beside ours and FlashInfer's pool decode (fp32, bf16 pools; TP 1, 2): is the
 #      95% of copy bandwidth at B = 64 reachable by a plain copy of those bytes?
+#   3: main; FlashInfer as in 1; bench_prefill --quick ours,fi at TP 1 and 2 (call 2 came on an
+#      H200, the issue's device: its one-run prefill table); the GPU test files that do not need
+#      vLLM or the engines' long compiles (chunk, conv, decode, graphs, decode stack, safety,
+#      spec on the GPU, FlashInfer)
 set -u
 n=$1
 PATCH=profiling/results/2026-12-04/s22_fi_qk/qk.patch
@@ -49,6 +53,16 @@ case $n in
        --only ours,fi,copy --tp 1,2
      tail -25 "$W/gluon_ws.log"
      grep -v "it/s" "$W/bench_decode.log" | tail -40 ;;
+  3) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part bench_prefill 170 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
+       --tp 1,2 --no-sweep --no-fla --no-vllm
+     tests tests_gpu 330 tests/test_chunk.py tests/test_conv.py tests/test_decode.py \
+       tests/test_graphs.py tests/test_decode_stack.py tests/test_gpu_safety.py \
+       tests/test_spec_gpu.py \
+       tests/test_fi_core.py tests/test_fi_prefill.py
+     grep -E "FAILED|ERROR" "$W/tests_gpu.log" | head -20
+     grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256|via FI B=256 graph" ;;
 esac
 tar -C "$W" -czf "$OUT/s24_$n.tgz" .
 printf '%s\n' "${summary[@]}"

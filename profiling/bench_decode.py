@@ -691,6 +691,13 @@ def run_columns(bench, torch, gdn_decode, args, fi, vl, budget, target, copy_tbp
                                          label=f"ours tp{tp} {dname}")
                     r["config"] = list(default_config_of(gdn_decode, B, dtype))
                     rows.append(dict(base, column="ours", **r))
+                    if DEVICE == "cuda":
+                        # as the runtime launches it on Hopper (runtime/core.py: pdl_supported):
+                        # programmatic dependent launch, each launch's ramp-up overlapping the
+                        # previous one's tail; the same bits
+                        r = bench_column(bench, [("", make_ours(gdn_decode, pdl=True))], B, dtype,
+                                         budget, target, ref_make=ours, label=f"ours+PDL tp{tp} {dname}")
+                        rows.append(dict(base, column="ours_pdl", **r))
                 if fi is not None:
                     makers = [("", make_fi(fi["fn"])),
                               ("q, k, v copied contiguous", make_fi(fi["fn"], True))]
@@ -894,7 +901,8 @@ def print_columns(results):
         return
     print("\ncolumns side by side: us per layer, % of copy bandwidth, rel diff of out to ours "
           "(states: the JSON)")
-    hdr = (f"{'tp':>3} {'pool':>5} {'B':>5} | {'ours us':>8} {'%copy':>6} | {'FI us':>8} {'%copy':>6} "
+    hdr = (f"{'tp':>3} {'pool':>5} {'B':>5} | {'ours us':>8} {'%copy':>6} | {'+PDL us':>8} {'%copy':>6} "
+           f"| {'FI us':>8} {'%copy':>6} "
            f"{'diff':>7} | {'vLLM us':>8} {'%copy':>6} {'diff':>7} | {'copy us':>8} {'%copy':>6} "
            f"{'ours/it':>7}")
     print(hdr)
@@ -902,19 +910,21 @@ def print_columns(results):
     keys = sorted({(r["tp"], r["pool"]) for r in cols}, key=lambda t: (t[0], t[1] != "fp32"))
     failures = []
     for tp, pool in keys:
-        o, f, v, c = (column_rows(results, tp, pool, x) for x in ("ours", "fi", "vllm", "copy"))
+        o, op, f, v, c = (column_rows(results, tp, pool, x)
+                          for x in ("ours", "ours_pdl", "fi", "vllm", "copy"))
         for B in sorted(set(o) | set(f) | set(v)):
             # ours against a plain copy of the same state bytes at this B: the bar a kernel
             # that moves them can reach, launch and tail included
             same = (f"{100 * c[B]['ms'] / o[B]['ms']:6.1f}%" if "ms" in c.get(B, {})
                     and "ms" in o.get(B, {}) else f"{'':>7}")
             print(f"{tp:>3} {pool:>5} {B:>5} | {_cell(o.get(B), copy, False)} | "
-                  f"{_cell(f.get(B), copy)} | {_cell(v.get(B), copy)} | "
+                  f"{_cell(op.get(B), copy, False)} | {_cell(f.get(B), copy)} | {_cell(v.get(B), copy)} | "
                   f"{_cell(c.get(B), copy, False)} {same}")
-            for name, r in (("ours", o.get(B)), ("FlashInfer", f.get(B)), ("vLLM", v.get(B))):
+            for name, r in (("ours", o.get(B)), ("ours+PDL", op.get(B)), ("FlashInfer", f.get(B)),
+                            ("vLLM", v.get(B))):
                 if r is not None and "error" in r:
                     failures.append(f"tp{tp} {pool} B={B} {name}: {r['error']}")
-                elif r is not None and r.get("note") and name != "ours":
+                elif r is not None and r.get("note") and not name.startswith("ours"):
                     failures.append(f"tp{tp} {pool} B={B} {name}: ran with {r['note']} "
                                     f"(first: {'; '.join(r.get('earlier_errors', []))[:200]})")
     for line in failures:

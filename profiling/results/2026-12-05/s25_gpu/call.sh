@@ -4,6 +4,11 @@
 #   1: probe_gluon_seq.py: the Gluon sequential kernel (gluon_seq.py) against the library's on one
 #      workspace (correctness, warm == cold, speed at TP 1 and 2)
 #   2: as 1 after fixes; probe_decode_fp32.py (decode variants beside FlashInfer's fp32 decode)
+#   3: as 1 with four Gluon variants (V tile 128 / 64, output staged / stored straight from the
+#      accumulator: 64 + straight = 112 KB of shared memory, two CTAs an SM); probe_decode_fp32.py
+#      with the library kernel under PDL (as the runtime launches it) beside FlashInfer, B 16-1024
+#   4: bench_decode (ours, ours under PDL: the new column, FlashInfer, copy; TP 1 and 2, fp32 and
+#      bf16 pools) and bench_prefill --quick (ours, FlashInfer) at TP 1 and 2: the tables
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s25_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -16,7 +21,7 @@ part() {  # part NAME TIMEOUT cmd...: run with a timeout into $W/NAME.log, keep 
   timeout "$t" "$@" > "$W/$name.log" 2>&1; local rc=$?
   summary+=("$name: rc=$rc in $(( $(date +%s) - t0 )) s")
 }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git log -1 --format=%h; git status --short; } > "$W/gpu.txt" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv; git log -1 --format=%h; git status --short | grep -v "^ D " | head; } > "$W/gpu.txt" 2>&1
 case $n in
   1) part gluon_seq 240 env OUT="$W" python3 $D/probe_gluon_seq.py
      grep -v "^ *File\|^    " "$W/gluon_seq.log" | tail -40 ;;
@@ -25,6 +30,20 @@ case $n in
      part decode_fp32 150 env OUT="$W" PYTHONPATH=$PYTHONPATH:$FI python3 $D/probe_decode_fp32.py
      grep -v "^ *File\|^    " "$W/gluon_seq.log" | tail -30
      tail -40 "$W/decode_fp32.log" ;;
+  3) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
+     part gluon_seq 240 env OUT="$W" python3 $D/probe_gluon_seq.py
+     part decode_fp32 200 env OUT="$W" PYTHONPATH=$PYTHONPATH:$FI python3 $D/probe_decode_fp32.py \
+       --only lib_pdl,fi,copy,tcopy --batches 16,64,256,1024
+     grep -v "^ *File\|^    " "$W/gluon_seq.log" | grep -v "PASS$" | tail -30
+     grep -A16 "^% of copy" "$W/decode_fp32.log" ;;
+  4) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part bench_decode 260 python3 profiling/bench_decode.py --out "$W" --no-sweep --no-stack \
+       --only ours,fi,copy --tp 1,2
+     part bench_prefill 170 python3 profiling/bench_prefill.py --out "$W" --quick --only ours,fi \
+       --tp 1,2 --no-sweep --no-fla --no-vllm
+     grep -A40 "^columns side by side" "$W/bench_decode.log" | grep -v "it/s" | head -45
+     grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256|via FI B=256 graph" ;;
 esac
 tar -C "$W" -czf "$OUT/s25_$n.tgz" .
 printf '%s\n' "${summary[@]}"

@@ -16,7 +16,8 @@ the pool):
 the same roundings as ``_seq_chunk`` (16-bit operands, fp32 accumulation). Operands come through
 a 2-stage shared-memory ring filled by masked cp.async (rows outside the span read as zeros,
 as the Triton kernel's masked loads), chunk j + 1's copies issued before chunk j's products.
-8 warps: two warp groups of 64 rows of V each. 16-bit inputs only.
+BV = 128 (8 warps: two warp groups of 64 rows of V each) or 64 (two CTAs a head, 4 warps).
+16-bit inputs only.
 
 Not here (the library kernel has them): the error flag and the repairs of bad metadata; this probe
 trusts its metadata (tests build it with chunk_meta).
@@ -34,14 +35,16 @@ BC = 64
 
 @gluon.jit
 def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
-                 bos, eos, off, nc, i_h, i_hk, s_vt,
-                 HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                 BC: gl.constexpr, LD128: gl.constexpr, LD64: gl.constexpr):
+                 bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
+                 HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                 BC: gl.constexpr, LD128: gl.constexpr, LD64: gl.constexpr, LDV: gl.constexpr):
     """cp.async chunk j's q, k, v, T', P rows into stage j % 2 (rows outside the span: zeros)."""
     st = j % 2
     r128 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD128))
     c128 = gl.arange(0, K, layout=gl.SliceLayout(0, LD128))
     r64 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD64))
+    rvv = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))
+    cvv = gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
     c64 = gl.arange(0, BC, layout=gl.SliceLayout(0, LD64))
     # rows count from the chunk's first token (chunk.py's _chunk_rows)
     cs = bos + gl.maximum(j * BC - off, 0)
@@ -50,14 +53,15 @@ def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
     m128 = r128 < n_t
     t64 = cs + r64
     m64 = r64 < n_t
+    tvv = cs + rvv
     row128 = t128.to(gl.int64)[:, None]
     row64 = t64.to(gl.int64)[:, None]
     async_copy.async_copy_global_to_shared(q_s.index(st), qs_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
                                            mask=m128[:, None])
     async_copy.async_copy_global_to_shared(k_s.index(st), kn_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
                                            mask=m128[:, None])
-    async_copy.async_copy_global_to_shared(v_s.index(st), v + row128 * s_vt + i_h * V + c128[None, :],
-                                           mask=m128[:, None])
+    async_copy.async_copy_global_to_shared(v_s.index(st), v + tvv.to(gl.int64)[:, None] * s_vt + i_h * V + i_v * BV
+                                           + cvv[None, :], mask=(rvv < n_t)[:, None])
     async_copy.async_copy_global_to_shared(t_s.index(st), t_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
                                            mask=m64[:, None])
     async_copy.async_copy_global_to_shared(p_s.index(st), p_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
@@ -82,12 +86,15 @@ def gluon_seq_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
                      cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
                      max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BC: gl.constexpr, ROUND_STATE: gl.constexpr):
+                     BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
+                     O_DIRECT: gl.constexpr):
     gl.static_assert(K == 128)
     gl.static_assert(V == 128)
-    NW: gl.constexpr = 8
+    NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
+    NV: gl.constexpr = V // BV
     G: gl.constexpr = HV // HK
-    i_h = gl.program_id(0)
+    i_v = gl.program_id(0) % NV
+    i_h = gl.program_id(0) // NV
     i_n = gl.program_id(1)
     i_hk = i_h // G
     bos = gl.load(cu_seqlens + i_n)
@@ -110,19 +117,22 @@ def gluon_seq_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
     AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
     LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
     LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+    LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [NW, 1], [1, 0])
     DT: gl.constexpr = qs_ws.dtype.element_ty
     SH128: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
     SH64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], DT)
+    SHV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BV], DT)
 
     q_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
     k_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
-    v_s = gl.allocate_shared_memory(DT, [2, BC, V], SH128)
+    v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
     t_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
     p_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
-    o_s = gl.allocate_shared_memory(DT, [BC, V], SH128)
+    if not O_DIRECT:  # O_DIRECT: stores straight from the accumulator (no staging buffer)
+        o_s = gl.allocate_shared_memory(DT, [BC, BV], SHV)
 
     # the state S [V, K]: element [v, k] at ssm[slot, h, v, k]
-    rv = gl.arange(0, V, layout=gl.SliceLayout(1, LS))
+    rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
     ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
     p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
     r_slot = gl.load(read_slot + i_n)
@@ -131,18 +141,18 @@ def gluon_seq_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
                 mask=r_ok & (rv[:, None] < V), other=0.).to(gl.float32)
 
     ct = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))    # token of the chunk, as a column
-    ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LD128))  # token of the chunk, as a row (out)
-    co = gl.arange(0, V, layout=gl.SliceLayout(0, LD128))
-    zero64 = gl.zeros([V, BC], gl.float32, L64)
+    ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))  # token of the chunk, as a row (out)
+    co = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
+    zero64 = gl.zeros([BV, BC], gl.float32, L64)
 
     gc_next, gl_next = _gates(0, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
-    _issue_chunk(0, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h, i_hk,
-                 s_vt, HK, HV, K, V, BC, LD128, LD64)
+    _issue_chunk(0, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h, i_hk, i_v,
+                 s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
     for j in range(nc):
         st = j % 2
         gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1) and o_s
         _issue_chunk(j + 1, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h,
-                     i_hk, s_vt, HK, HV, K, V, BC, LD128, LD64)
+                     i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
         async_copy.wait_group(1)  # chunk j's group has landed (this thread's copies)
         gl.thread_barrier()       # ... and every thread's
         fence_async_shared()      # generic-proxy writes before the wgmma reads
@@ -171,14 +181,19 @@ def gluon_seq_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
         S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
         oT, S = warpgroup_mma_wait(0, deps=(oT, S))
 
-        # the output rows, transposed through shared memory into coalesced stores
-        o_s.permute((1, 0)).store(oT.to(DT))
-        gl.thread_barrier()
-        o = o_s.load(LD128)
-        to = cs + ro
-        m_o = ro < n_t
-        gl.store(out + to.to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :], o.to(out.dtype.element_ty),
-                 mask=m_o[:, None])
+        if O_DIRECT:
+            gl.store(out + (cs + ct).to(gl.int64)[None, :] * s_ot + i_h * V
+                     + (i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, L64)))[:, None],
+                     oT.to(out.dtype.element_ty), mask=m_t[None, :])
+        else:
+            # the output rows, transposed through shared memory into coalesced stores
+            o_s.permute((1, 0)).store(oT.to(DT))
+            gl.thread_barrier()
+            o = o_s.load(LDV)
+            to = cs + ro
+            m_o = ro < n_t
+            gl.store(out + to.to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :], o.to(out.dtype.element_ty),
+                     mask=m_o[:, None])
 
         p_end = (c0 + j + 1) * BC
         at_block = (p_end % block_size) == 0
@@ -197,23 +212,24 @@ def gluon_seq_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
         gl.store(ssm + w_slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
 
 
-def gluon_seq_fwd(out, v, ssm, ws, meta, HK: int):
+def gluon_seq_fwd(out, v, ssm, ws, meta, HK: int, bv: int = 128, o_direct: bool = False):
     """Launch the Gluon sequential kernel after chunk_intra_fwd filled ``ws`` (16-bit inputs,
     K = V = 128). Same arguments and effects as chunk.chunk_seq_fwd."""
     HV, K, V = ws.HV, ws.K, ws.V
     assert K == 128 and V == 128 and ws.t.dtype in (torch.bfloat16, torch.float16)
     if meta.max_seqs == 0:
         return
-    gluon_seq_kernel[(HV, meta.max_seqs)](
+    gluon_seq_kernel[(HV * (V // bv), meta.max_seqs)](
         out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, meta.ckpt_slots.shape[0], ssm.shape[0], meta.block_size,
         v.stride(0), out.stride(0), ssm.stride(0),
-        HK=HK, HV=HV, K=K, V=V, BC=BC, ROUND_STATE=ssm.dtype != torch.float32, num_warps=8)
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=BC, ROUND_STATE=ssm.dtype != torch.float32, O_DIRECT=o_direct,
+        num_warps=bv // 16)
 
 
 # ------------------------------------------------------------------ compile for sm_90 without a GPU
-def compile_sm90(HK=16, HV=32, round_state=False):
+def compile_sm90(HK=16, HV=32, round_state=False, bv=128, o_direct=False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = {"out": "*bf16", "v": "*bf16", "t_ws": "*bf16", "p_ws": "*bf16", "g_ws": "*fp32",
@@ -222,12 +238,13 @@ def compile_sm90(HK=16, HV=32, round_state=False):
            "ckpt_offsets": "*i32", "ckpt_slots": "*i32",
            "max_ckpts": "i32", "num_slots": "i32", "block_size": "i32", "s_vt": "i32", "s_ot": "i32",
            "s_slot": "i32",
-           "HK": "constexpr", "HV": "constexpr", "K": "constexpr", "V": "constexpr", "BC": "constexpr",
-           "ROUND_STATE": "constexpr"}
-    consts = {"HK": HK, "HV": HV, "K": 128, "V": 128, "BC": BC, "ROUND_STATE": round_state}
+           "HK": "constexpr", "HV": "constexpr", "K": "constexpr", "V": "constexpr", "BV": "constexpr", "BC": "constexpr",
+           "ROUND_STATE": "constexpr", "O_DIRECT": "constexpr"}
+    consts = {"HK": HK, "HV": HV, "K": 128, "V": 128, "BV": bv, "BC": BC, "ROUND_STATE": round_state,
+              "O_DIRECT": o_direct}
     attrs = {(i, ): [["tt.divisibility", 16]] for i in list(range(14)) + [16, 17, 18, 19]}
     src = GluonASTSource(gluon_seq_kernel, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=bv // 16))
 
 
 if __name__ == "__main__":
@@ -235,13 +252,14 @@ if __name__ == "__main__":
     import re
     import subprocess
     import tempfile
-    for rs in (False, True):
-        ck = compile_sm90(round_state=rs)
+    for rs, bv, od in ((False, 128, False), (True, 128, False), (False, 64, False), (True, 64, False),
+                       (False, 64, True), (False, 128, True)):
+        ck = compile_sm90(round_state=rs, bv=bv, o_direct=od)
         ptx = ck.asm["ptx"]
         ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(ptx)
         r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
         os.unlink(f.name)
-        print("round_state", rs, "shared", ck.metadata.shared, "wgmma", ptx.count("wgmma.mma_async"),
+        print("bv", bv, "round_state", rs, "o_direct", od, "shared", ck.metadata.shared, "wgmma", ptx.count("wgmma.mma_async"),
               re.findall(r"Used \d+ registers|\d+ bytes spill stores", r.stderr), r.returncode)

@@ -32,8 +32,10 @@ Every Triton variant does the library's arithmetic in the library's order (the o
 of gdn_graphs.ops.decode._gdn_decode_kernel, its helpers imported), so its output and written
 states must equal the library's at the same (BV, num_warps, nsub) bit for bit: checked on the
 benchmark's first slot set of every case and on a batch with special rows (read -1, padded,
-write -1); lib_8x4x2 / fi_cta are also compared with the library default (same layout of the
-K reduction, so expected equal too). FlashInfer: relative difference (not bitwise).
+write -1); fi_cta's reference is lib_8x4x2. lib_8x4x2 against the library default is reported,
+not required: with 4 warps the [128] q / k vectors of the L2 norms are spread over the warps,
+so those sums are taken in another order (an H100 run: 1-ulp differences in the states).
+FlashInfer: relative difference (not bitwise).
 
 Timing follows bench_decode.py: each column is M launches over distinct slot sets (>= 1 GiB of
 state touched per replay, --target-gib) captured in one CUDA graph, timed with
@@ -45,8 +47,8 @@ bench_decode.copy_bandwidth (a 2 GiB dst.copy_(src) under do_bench; median of 3 
 Pools per (TP, pool dtype) all have 2*max(B)+1 slots so that FlashInfer compiles once per
 (TP, dtype) (its compile cache keys on the pool's size and strides).
 
-Writes $OUT/probe_decode_fp32.json (or --out DIR). Expected GPU time: ~80-110 s (compiles
-included: ~40 Triton kernels, FlashInfer ~2 s per fp32 compile and ~10 s per bf16 one).
+Writes $OUT/probe_decode_fp32.json (or --out DIR). GPU time: 73 s on an H100 with every column,
+compiles included (s25 call 2).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--cpu-check", action="store_true",
                    help="Triton interpreter: only the bit-equality check at a tiny B (TP 2)")
     p.add_argument("--cpu-b", type=int, default=4, help="batch of --cpu-check (default 4)")
+    p.add_argument("--cpu-dry-run", action="store_true",
+                   help="the GPU mode's bookkeeping on the CPU (interpreter, tiny heads, K = V = 32, "
+                        "wall-clock timer, no graphs, no FlashInfer): numbers mean nothing")
     p.add_argument("--ptx", action="store_true",
                    help="no GPU: compile every Triton column for sm_90, print registers and the "
                         "state ld/st instructions")
@@ -95,7 +100,7 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args() if __name__ == "__main__" else parse_args([])
-if ARGS.cpu_check:
+if ARGS.cpu_check or ARGS.cpu_dry_run:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
 import torch  # noqa: E402
@@ -335,12 +340,6 @@ def ptx_ops(ptx):
     return {"ldst": ops, "policies": pol}
 
 
-def lib_raw_info(cfg, dtype):
-    """The library kernel compiled at cfg (as bench_decode.make_ours_raw launches it): info."""
-    info = {}
-    return bd.make_ours_raw(cfg[0], cfg[1], info=info, nsub=cfg[2]), info
-
-
 def columns_for(B, dtype, fi, only, pdl_ok):
     """{name: (make, reference column for the bit check or None, kind)}."""
     cfg = lib_cfg(B, dtype)
@@ -349,7 +348,7 @@ def columns_for(B, dtype, fi, only, pdl_ok):
         cols["lib_pdl"] = (bd.make_ours(gdn_decode, pdl=True), "lib", "decode")
     if "lib_8x4x2" in only or "fi_cta" in only:
         BV, nw, ns = FI_CTA
-        cols["lib_8x4x2"] = (bd.make_ours(gdn_decode, BV=BV, num_warps=nw, nsub=ns), "lib",
+        cols["lib_8x4x2"] = (bd.make_ours(gdn_decode, BV=BV, num_warps=nw, nsub=ns), "lib?",
                              "decode")
     for name in VARIANTS:
         if name in only:
@@ -423,11 +422,19 @@ def check_columns(cols, x, pool, rs, ws, B):
             res[name] = {"error": bd.err_text(e)}
             continue
         refs[name] = (o, s)
+        if name == "lib":  # every element written (a NaN left would compare equal everywhere)
+            r["all_written"] = bool(torch.isfinite(o.float()).all() and
+                                    torch.isfinite(s.float()).all())
         if ref == "copy=":
             rl = rs.long()[ws >= 0]
             src = pool.index_select(0, rl.clamp(min=0))
             src[rl < 0] = 0
             r["bits_vs_read_states"] = same_bits(s, src)
+        elif ref == "lib?":  # another config of the library: equality reported, not required
+            lo, ls = refs["lib"]
+            r["bits_equal_lib_default"] = same_bits(o, lo) and same_bits(s, ls)
+            r["max_abs_out_vs_lib"] = (o.float() - lo.float()).abs().max().item()
+            r["max_abs_state_vs_lib"] = (s.float() - ls.float()).abs().max().item()
         elif ref == "lib~":
             lo, ls = refs["lib"]
             r["rel_diff_out"] = bd.rel(o, lo)
@@ -443,6 +450,9 @@ def check_columns(cols, x, pool, rs, ws, B):
                 r["max_abs_out"] = (o.float() - ro.float()).abs().nan_to_num(1e30).max().item()
                 r["max_abs_state"] = (s.float() - rst.float()).abs().nan_to_num(1e30).max().item()
         res[name] = r
+        if name not in ("lib", "lib_8x4x2"):  # only the references stay (B states each)
+            del refs[name]
+        del o, s
     return res
 
 
@@ -467,6 +477,8 @@ def summarize_bits(res):
     for name, r in res.items():
         if "error" in r:
             bad.append(f"{name}: {r['error'][:200]}")
+        elif r.get("all_written") is False:
+            bad.append(f"{name}: NaN left in its output or written states (not all written)")
         elif r.get("bits_equal") is False:
             bad.append(f"{name}: differs from {r['ref']} (max abs out {r.get('max_abs_out')}, "
                        f"state {r.get('max_abs_state')})")
@@ -478,6 +490,11 @@ def summarize_bits(res):
 # --------------------------------------------------------------------------------------------
 # timing
 # --------------------------------------------------------------------------------------------
+
+def sync():
+    if bd.DEVICE == "cuda":
+        torch.cuda.synchronize()
+
 
 def plan(B, sb, slots, target, budget):
     """Launches M per replay (bench_decode's rule: >= 8 and >= target bytes) and the pools of
@@ -498,12 +515,12 @@ def time_case(bench, tp, dtype, B, slots, fi, only, copy_tbps, pdl_ok, target, b
             "lib_config": list(lib_cfg(B, dtype)), "state_bytes": 2 * B * sb,
             "decode_bytes": 2 * B * sb + bd.input_bytes(B)}
     x = bd.Inputs(torch, B, B)
-    pools = [torch.empty(slots, bd.HV, V, K, dtype=dtype, device="cuda").normal_(std=0.05)
+    pools = [torch.empty(slots, bd.HV, V, K, dtype=dtype, device=bd.DEVICE).normal_(std=0.05)
              for _ in range(P)]
-    sets = [(torch.arange(1 + 2 * B * r, 1 + 2 * B * r + B, dtype=torch.int32, device="cuda"),
-             torch.arange(1 + 2 * B * r + B, 1 + 2 * B * (r + 1), dtype=torch.int32, device="cuda"))
+    sets = [(torch.arange(1 + 2 * B * r, 1 + 2 * B * r + B, dtype=torch.int32, device=bd.DEVICE),
+             torch.arange(1 + 2 * B * r + B, 1 + 2 * B * (r + 1), dtype=torch.int32, device=bd.DEVICE))
             for r in range(R)]
-    outs = [torch.empty(B, 1, bd.HV, V, dtype=torch.bfloat16, device="cuda")
+    outs = [torch.empty(B, 1, bd.HV, V, dtype=torch.bfloat16, device=bd.DEVICE)
             for _ in range(min(bd.LAYERS, M))]
     cols = columns_for(B, dtype, fi, only, pdl_ok)
     # bit check on pool 0, set 0 (its write slots are overwritten by the timed launches anyway)
@@ -519,10 +536,10 @@ def time_case(bench, tp, dtype, B, slots, fi, only, copy_tbps, pdl_ok, target, b
             make = dict(make)[note]
         fns = [make(x, pools[(j // R) % P], *sets[j % R], outs[j % len(outs)]) for j in range(M)]
         try:
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             fns[0]()
-            torch.cuda.synchronize()
+            sync()
             row["first_call_s"] = time.perf_counter() - t0
             graphs[name] = bench.graph(fns)
         except Exception as e:  # noqa: BLE001
@@ -589,11 +606,14 @@ def print_table(results):
         bad += [f"special tp{s['tp']} {s['pool']} B={s['B']} {b}" for b in summarize_bits(s["check"])]
     print("bit checks: " + ("all variants equal their reference bit for bit (out and written "
                             "states)" if not bad else "FAILURES:\n  " + "\n  ".join(bad)))
-    eq = {(k["pool"], n): r.get("bits_equal_lib_default") for k in cases
-          for n, r in k["check"].items() if "bits_equal_lib_default" in r}
+    eq = {}
+    for k in cases:
+        for n, r in k["check"].items():
+            if "bits_equal_lib_default" in r:
+                eq.setdefault((k["pool"], n), []).append(r["bits_equal_lib_default"])
     if eq:
-        print("BV 8 / 4 warps / nsub 2 equal to the library default: " + ", ".join(
-            f"{n} {p}: {v}" for (p, n), v in sorted(eq.items())))
+        print("BV 8 / 4 warps / nsub 2 equal to the library default (reported, not required): "
+              + ", ".join(f"{n} {p}: {all(v)}" for (p, n), v in sorted(eq.items())))
     fi = [(k["tp"], k["pool"], k["B"], k["check"]["fi"]) for k in cases if "fi" in k["check"]]
     if fi:
         print("FlashInfer vs lib, largest rel diff out / state: " + "; ".join(
@@ -601,7 +621,7 @@ def print_table(results):
             f"{max(r.get('rel_diff_state', 0) for _, pp, _, r in fi if pp == p):.1e}"
             for p in sorted({f[1] for f in fi})))
     for (name, dt, hv), info in sorted(INFO.items()):
-        if info:
+        if info.get("n_regs") is not None or info.get("ldst"):
             print(f"  {name:7} {dt.replace('torch.', ''):8} HV {hv:2}: regs {info.get('n_regs')} "
                   f"spills {info.get('n_spills')} {info.get('ldst')} {info.get('policies') or ''}")
 
@@ -665,7 +685,7 @@ def ptx_mode():
                  IS_VARLEN=False, USE_PDL=False, HAS_FLAG=False)),
                 ("lib_8x4x2", _gdn_decode_kernel.fn, FI_CTA, dict(cu_seqlens=None,
                  error_flag=None, IS_VARLEN=False, USE_PDL=False, HAS_FLAG=False))]
-        jobs += [(n, KERNELS[n].fn if hasattr(KERNELS[n], "fn") else KERNELS[n],
+        jobs += [(n, KERNELS[n],
                   FI_CTA if n == "fi_cta" else cfg, {}) for n in VARIANTS]
         for name, fn, (BV, nw, ns), extra in jobs:
             consts = dict(HK=HK, HV=HV, K=K, V=V, BK=K, BV=BV, NSUB=ns, **extra)
@@ -685,14 +705,18 @@ def ptx_mode():
 
 
 def gpu_main():
-    if not torch.cuda.is_available():
+    global K, V
+    if ARGS.cpu_dry_run:
+        bd._dry_run_setup()  # bench_decode's: DEVICE cpu, heads (1, 2) / (1, 1), K = V = 32
+        K = V = bd.K
+    elif not torch.cuda.is_available():
         print("probe_decode_fp32: needs a CUDA GPU (or --cpu-check / --ptx)", file=sys.stderr)
         return 2
     out_dir = ARGS.out or Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_grad_enabled(False)
     t_start = time.perf_counter()
-    bench = bd.Bench(torch, triton, quick=True)
+    bench = (bd.DryBench if ARGS.cpu_dry_run else bd.Bench)(torch, triton, quick=True)
     bench.warmup, bench.rep = ARGS.warmup, ARGS.rep
     only = [c for c in ARGS.only.split(",") if c]
     tps = [int(t) for t in ARGS.tp.split(",")]
@@ -700,19 +724,23 @@ def gpu_main():
     batches = [int(b) for b in ARGS.batches.split(",")]
     GiB = 1 << 30
     target, budget = int(ARGS.target_gib * GiB), int(ARGS.budget_gib * GiB)
-    pdl_ok = pdl_supported(torch.device("cuda"))
+    pdl_ok = pdl_supported(torch.device(bd.DEVICE))
+    if ARGS.cpu_dry_run:
+        batches, target, budget = [4, 8], 1 << 16, 1 << 22
     results = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-               "commit": bd.git_commit(), "device": torch.cuda.get_device_name(),
+               "commit": bd.git_commit(),
+               "device": torch.cuda.get_device_name() if bd.DEVICE == "cuda" else "cpu dry run",
                "torch": torch.__version__, "triton": triton.__version__, "argv": sys.argv[1:],
                "rounds": ARGS.rounds, "do_bench": [ARGS.warmup, ARGS.rep],
                "target_bytes": target, "budget_bytes": budget}
-    cps = [bd.copy_bandwidth(bench, 2 * GiB)["TBps"] for _ in range(3)]
+    cbytes = 2 * GiB if bd.DEVICE == "cuda" else 1 << 20
+    cps = [bd.copy_bandwidth(bench, cbytes)["TBps"] for _ in range(3)]
     results["copy_TBps_start"] = cps
     copy_tbps = results["copy_TBps"] = statistics.median(cps)
     print(f"copy bandwidth {copy_tbps:.3f} TB/s ({', '.join(f'{c:.3f}' for c in cps)}), "
           f"{results['device']}", flush=True)
     fi = None
-    if "fi" in only:
+    if "fi" in only and not ARGS.cpu_dry_run:
         fi, err = bd.load_fi_decode()
         results["fi_error"] = err
         if fi is None:
@@ -727,8 +755,9 @@ def gpu_main():
         bd.set_tp(tp)
         for pname in pools:
             dtype = dtypes[pname]
-            s = special_check(dtype, 16, only, pdl_ok)
-            results["special_checks"].append({"tp": tp, "pool": pname, "B": 16, "check": s})
+            sb = 4 if ARGS.cpu_dry_run else 16
+            s = special_check(dtype, sb, only, pdl_ok)
+            results["special_checks"].append({"tp": tp, "pool": pname, "B": sb, "check": s})
             slots = 2 * max(batches) + 1
             for B in batches:
                 case = time_case(bench, tp, dtype, B, slots, fi, only, copy_tbps, pdl_ok, target,
@@ -736,7 +765,7 @@ def gpu_main():
                 results["cases"].append(case)
                 print_case(case)
                 path.write_text(json.dumps(results, indent=1, default=str))
-    results["copy_TBps_end"] = bd.copy_bandwidth(bench, 2 * GiB)["TBps"]
+    results["copy_TBps_end"] = bd.copy_bandwidth(bench, cbytes)["TBps"]
     results["info"] = {f"{n} {d} HV{h}": v for (n, d, h), v in INFO.items()}
     results["wall_s"] = time.perf_counter() - t_start
     print_table(results)

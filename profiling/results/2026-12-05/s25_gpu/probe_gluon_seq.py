@@ -25,6 +25,8 @@ from gdn_graphs.ops.meta import chunk_meta, num_checkpoints  # noqa: E402
 from gdn_graphs.ops.workspace import ChunkWorkspace, chunk_config  # noqa: E402
 
 K = V = 128
+VARIANTS = {"g128": dict(bv=128), "g64": dict(bv=64), "g64d": dict(bv=64, o_direct=True),
+            "g128d": dict(bv=128, o_direct=True)}
 DEV = "cuda"
 REPORT = {"device": torch.cuda.get_device_name(), "checks": [], "timings": []}
 
@@ -74,14 +76,15 @@ class Run:
                       num_warps=self.cfg.warps_seq, num_stages=self.cfg.stages_for(torch.bfloat16),
                       dot_precision="tf32")
 
-    def seq_gluon(self, out, pool):
-        gluon_seq_fwd(out, self.v, pool, self.ws, self.meta, self.HK)
+    def seq_gluon(self, out, pool, variant="g128"):
+        gluon_seq_fwd(out, self.v, pool, self.ws, self.meta, self.HK, **VARIANTS[variant])
 
     def both(self, pool=None):
         """(out, pool) after each seq kernel, from the same workspace and starting pool."""
         self.intra()
         res = []
-        for fn in (self.seq_triton, self.seq_gluon):
+        fns = [self.seq_triton] + [(lambda o, p, n=n: self.seq_gluon(o, p, n)) for n in VARIANTS]
+        for fn in fns:
             out = torch.full_like(self.out, float("nan"))
             p = self.pool0.clone() if pool is None else pool.clone()
             fn(out, p)
@@ -107,17 +110,29 @@ def compare(name, ref, got):
     return d["passed"]
 
 
+def compare_all(name, res):
+    """Each Gluon variant against the Triton kernel; the variants against g128 bit for bit."""
+    ok = True
+    ref, g = res[0], dict(zip(VARIANTS, res[1:]))
+    for n, got in g.items():
+        ok &= compare(f"{name} {n}", ref, got)
+    same = {n: torch.equal(g[n][0], g["g128"][0]) and torch.equal(g[n][1], g["g128"][1]) for n in g}
+    print(f"  {name}: variants equal to g128 bit for bit: {same}")
+    REPORT["checks"].append(dict(name=f"{name} variants == g128", same=same))
+    return ok
+
+
 def checks():
     ok = True
     for HK, HV in ((16, 32), (8, 16)):
         for pdt in (torch.float32, torch.bfloat16):
             tag = f"HV{HV} {str(pdt)[6:]}"
             r = Run([2048] * 8, [0] * 8, [-1] * 8, HK, HV, pdt)
-            ok &= compare(f"8x2048 {tag}", *r.both())
+            ok &= compare_all(f"8x2048 {tag}", r.both())
             # mixed: mid-chunk and mid-block starts, read slots, short and long spans
             r = Run([300, 1000, 64, 2049, 1, 130], [0, 320, 100, 512, 7, 256], [-1, 0, 1, 2, 3, 4],
                     HK, HV, pdt, seed=3)
-            ok &= compare(f"mixed {tag}", *r.both())
+            ok &= compare_all(f"mixed {tag}", r.both())
     # warm == cold for the Gluon kernel: resume at 512 from the cold run's checkpoint of 512
     for pdt in (torch.float32, torch.bfloat16):
         L, HK, HV = 1024, 16, 32
@@ -163,13 +178,16 @@ def timings():
             d = dict(tp=1 if HV == 32 else 2, shape=f"{nseq}x{L}", T=r.T,
                      intra=ms(r.intra),
                      seq_triton=ms(lambda: r.seq_triton(r.out, pool)),
-                     seq_gluon=ms(lambda: r.seq_gluon(r.out, pool)))
+                     **{n: ms(lambda n=n: r.seq_gluon(r.out, pool, n)) for n in VARIANTS})
+            d["seq_gluon"] = min(d[n] for n in VARIANTS)
+            d["best"] = min(VARIANTS, key=lambda n: d[n])
             d["all_triton"] = ms(lambda: (r.intra(), r.seq_triton(r.out, pool)))
-            d["all_gluon"] = ms(lambda: (r.intra(), r.seq_gluon(r.out, pool)))
+            d["all_gluon"] = ms(lambda: (r.intra(), r.seq_gluon(r.out, pool, d["best"])))
             d["Mtok_triton"] = r.T / d["all_triton"] / 1e3
             d["Mtok_gluon"] = r.T / d["all_gluon"] / 1e3
             print(f"  TP{d['tp']} {d['shape']:>8}: intra {d['intra']:.3f}  seq triton {d['seq_triton']:.3f} "
-                  f"gluon {d['seq_gluon']:.3f} ({d['seq_triton'] / d['seq_gluon']:.2f}x)  all {d['all_triton']:.3f}"
+                  + " ".join(f"{n} {d[n]:.3f} ({d['seq_triton'] / d[n]:.2f}x)" for n in VARIANTS) +
+                  f" | best {d['best']}  all {d['all_triton']:.3f}"
                   f" -> {d['all_gluon']:.3f} ms ({d['Mtok_triton']:.1f} -> {d['Mtok_gluon']:.1f} M tok/s)")
             REPORT["timings"].append(d)
             rows.append(d)

@@ -9,6 +9,8 @@
 #      with the library kernel under PDL (as the runtime launches it) beside FlashInfer, B 16-1024
 #   4: bench_decode (ours, ours under PDL: the new column, FlashInfer, copy; TP 1 and 2, fp32 and
 #      bf16 pools) and bench_prefill --quick (ours, FlashInfer) at TP 1 and 2: the tables
+#      (never ran: no H200 came)
+#   5: bench_decode alone, B 16-1024 at TP 1 and 2 (its new +PDL column's first GPU run)
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s25_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -36,6 +38,11 @@ case $n in
        --only lib_pdl,fi,copy,tcopy --batches 16,64,256,1024
      grep -v "^ *File\|^    " "$W/gluon_seq.log" | grep -v "PASS$" | tail -30
      grep -A16 "^% of copy" "$W/decode_fp32.log" ;;
+  5) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part bench_decode 280 python3 profiling/bench_decode.py --out "$W" --no-sweep --no-stack \
+       --only ours,fi,copy --tp 1,2 --batches 16,64,256,1024 --batches-tp2 16,64,256,1024
+     grep -A40 "^columns side by side" "$W/bench_decode.log" | grep -v "it/s" | head -45 ;;
   4) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1
      export PYTHONPATH=$PYTHONPATH:$FI
      part bench_decode 260 python3 profiling/bench_decode.py --out "$W" --no-sweep --no-stack \

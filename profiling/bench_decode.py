@@ -671,8 +671,10 @@ def load_vllm_decode():
 
 def run_columns(bench, torch, gdn_decode, args, fi, vl, budget, target, copy_tbps, ours_tp1_fp32):
     """Every (tp, pool dtype, B, column) row; ours' TP-1 fp32 row is bench_ours' (not re-timed)."""
+    from gdn_graphs.ops.decode import pdl_supported
     rows = []
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    with_pdl = DEVICE == "cuda" and pdl_supported(torch.device(DEVICE))
     for tp in args.tp:
         set_tp(tp)
         batches = (args.batches or BATCHES) if tp == 1 else (args.batches_tp2 or BATCHES_TP2)
@@ -691,7 +693,7 @@ def run_columns(bench, torch, gdn_decode, args, fi, vl, budget, target, copy_tbp
                                          label=f"ours tp{tp} {dname}")
                     r["config"] = list(default_config_of(gdn_decode, B, dtype))
                     rows.append(dict(base, column="ours", **r))
-                    if DEVICE == "cuda":
+                    if with_pdl:
                         # as the runtime launches it on Hopper (runtime/core.py: pdl_supported):
                         # programmatic dependent launch, each launch's ramp-up overlapping the
                         # previous one's tail; the same bits

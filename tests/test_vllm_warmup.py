@@ -60,13 +60,16 @@ def compile_key(kernel, args, kwargs):
 
 
 class Recorder:
-    def __init__(self, name, kernel, log):
-        self.name, self.kernel, self.log = name, kernel, log
+    """Stands in for a kernel: records each launch's compile key, then launches it (run=False:
+    only records, for a kernel the CPU cannot run)."""
+
+    def __init__(self, name, kernel, log, run=True):
+        self.name, self.kernel, self.log, self.run = name, kernel, log, run
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.log.append((self.name, compile_key(self.kernel, args, kwargs)))
-            return self.kernel[grid](*args, **kwargs)
+            return self.kernel[grid](*args, **kwargs) if self.run else None
         return launch
 
 
@@ -172,3 +175,47 @@ def test_a_warm_up_on_other_layouts_misses_engine_variants(launches):
     warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, like=(x, a, b),
                     pools=one_page, max_decode_rows=4)
     assert not engine - set(launches)
+
+
+def test_gluon_route_needs_no_compile_the_warm_up_did_not_do(launches, monkeypatch):
+    """Where the Gluon sequential kernel can run (Hopper, K = V = 128), steps of enough prefill
+    rows launch it instead of the Triton one (chunk_config). The CPU cannot run it, so here the
+    route is forced open at these small dims (GLUON_MIN_PAIRS 8: two rows of 4 heads) and its
+    launches only recorded: the engine's keys (steps of other token counts, pool sizes and
+    checkpoint tables) must be among the warm-up's, which must have launched it."""
+    from gdn_graphs.ops import chunk_gluon
+    from gdn_graphs.runtime import core
+    from gdn_graphs.vllm import warmup
+    for mod in (chunk, core, warmup):
+        monkeypatch.setattr(mod, "gluon_seq_supported", lambda v, K: True)
+    monkeypatch.setattr(chunk_workspace, "GLUON_MIN_PAIRS", 8)
+    monkeypatch.setattr(warmup, "GLUON_MIN_PAIRS", 8)
+    monkeypatch.setattr(chunk_gluon, "_seq_gluon_kernel",
+                        Recorder("_seq_gluon_kernel", chunk_gluon._seq_gluon_kernel, launches, run=False))
+    dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
+    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096
+    w = torch.randn(C, W).to(dtype) * 0.5
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
+    max_reqs, max_tokens = 24, 500
+    ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
+    table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
+    _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
+    planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
+    steps = [([1, 90, 40], [303, 0, 20]), ([70, 64, 3], [0, 256, 5]), ([30] * 9, [0] * 9),
+             ([1, 1, 17, 200], [40, 41, 128, 0])]
+    x_all, a_all, b_all = engine_inputs(max(sum(q) for q, _ in steps) + 8, "qwen3_next", dtype)
+    for q, n in steps:
+        T = sum(q) + 8
+        qsl = np.concatenate([[0], np.cumsum(q)])
+        step = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
+        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], weights, pools, step,
+                     torch.zeros(T, HV, V, dtype=dtype), ws)
+    engine = {key for key in launches if key[0] == "_seq_gluon_kernel"}
+    assert engine, "no step took the Gluon route"
+    launches.clear()
+    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
+    assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
+                           like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs)
+    missing = engine - set(launches)
+    assert not missing, f"Gluon launches the warm-up did not compile: {missing}"

@@ -63,6 +63,7 @@ from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_D
                                    cast_like_gpu, check_flag, check_meta, clip_pos, clip_span,
                                    dot_like_gpu, fail, first_overlap, gdn_gate, interpreting,
                                    inv_l2norm, report, slot_ok, span_chunks)
+from gdn_graphs.ops.chunk_gluon import chunk_seq_fwd_gluon, gluon_seq_supported
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace,
                                       chunk_config)
@@ -499,8 +500,9 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
             live rows get the outputs, padding rows (>= cu_seqlens[-1]) zeros.
         scale: query scale, default K ** -0.5.
         workspace: ChunkWorkspace (max_tokens >= T, same HV, K, V, input dtype); default: a new one.
-        config: ChunkConfig launch knobs (default: chunk_config(meta.num_seqs, q.dtype); every
-            config gives the same bits).
+        config: ChunkConfig launch knobs (default: chunk_config(meta.num_seqs, q.dtype, HV,
+            gluon_seq_supported(v, K)); every config gives the same bits). A Gluon config where
+            that kernel cannot run is a ValueError.
         error_flag: optional int32 [>= 1]; gdn_graphs.ops.common's codes are OR-ed into element 0.
     Returns ``out``. Graph-safe: no host sync and no allocation when out and workspace are given.
     """
@@ -508,7 +510,11 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     check_flag("gdn_chunk_prefill", error_flag, q.device, ref="q")
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    cfg = chunk_config(meta.num_seqs, q.dtype) if config is None else config
+    gluon_ok = gluon_seq_supported(v, K)
+    cfg = chunk_config(meta.num_seqs, q.dtype, HV, gluon_ok) if config is None else config
+    if cfg.seq_kernel == "gluon" and not gluon_ok:
+        _fail("ChunkConfig(seq_kernel='gluon') needs Gluon, a Hopper GPU (sm_90), 16-bit inputs, "
+              "K = V = 128 and v 16-byte aligned with a token stride that is a multiple of 16")
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if T == 0:
@@ -522,6 +528,9 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
                     num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
                     error_flag=error_flag)
-    chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-                  num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
+    if cfg.seq_kernel == "gluon":
+        chunk_seq_fwd_gluon(out, v, ssm, workspace, meta, HK, bv=cfg.bv, error_flag=error_flag)
+    else:
+        chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+                      num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
     return out

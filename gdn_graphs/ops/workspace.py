@@ -75,7 +75,9 @@ class ChunkConfig:
     sequential kernel's chunk loop. dot_precision: input precision of the dots when the inputs are
     fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but spills
     registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
-    inputs, "tf32" otherwise). The interpreter always computes in fp32.
+    inputs, "tf32" otherwise). The interpreter always computes in fp32. seq_kernel: "triton"
+    (chunk.py's, everywhere) or "gluon" (chunk_gluon.py's: Hopper, 16-bit inputs, K = V = 128;
+    bv 64 or 128 rows of V a CTA, its warps and stages fixed by bv); both give the same bits.
 
     Defaults and limits, from sweeps on an H200: bv 32 with 4 warps and 3 stages was the fastest
     config for bf16 inputs with one sequence (8 intra warps were slower); with several sequences
@@ -92,10 +94,15 @@ class ChunkConfig:
     stages: int | None = None
     dot_precision: str | None = None
     inv_precision: str | None = None
+    seq_kernel: str = "triton"
 
     def __post_init__(self):
-        if self.bv not in (16, 32, 64):
-            fail("ChunkConfig", f"bv must be 16, 32 or 64, got {self.bv}")
+        if self.seq_kernel not in ("triton", "gluon"):
+            fail("ChunkConfig", f"seq_kernel must be 'triton' or 'gluon', got {self.seq_kernel!r}")
+        bvs = (64, 128) if self.seq_kernel == "gluon" else (16, 32, 64)
+        if self.bv not in bvs:
+            fail("ChunkConfig", f"bv of the {self.seq_kernel} sequential kernel must be one of {bvs}, "
+                 f"got {self.bv}")
         for name in ("warps_intra", "warps_seq"):
             if getattr(self, name) not in (4, 8):
                 fail("ChunkConfig", f"{name} must be 4 or 8, got {getattr(self, name)}")
@@ -124,12 +131,28 @@ programs that re-read each chunk's q, k, T' and P. On an H200 (HV 32 / 16, bf16,
 with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0.88x / 0.83x)."""
 
 
-def chunk_config(num_seqs: int | None, dtype: torch.dtype) -> ChunkConfig:
+GLUON_CONFIG = ChunkConfig(seq_kernel="gluon", bv=128)
+"""For steps whose prefill rows times value heads reach GLUON_MIN_PAIRS, where the Gluon kernel
+can run (chunk_gluon.gluon_seq_supported): one CTA per (sequence, head) with all of V, the state
+as wgmma's register operand. On an H100 (HV 32 / 16, bf16, a state every 256 tokens;
+profiling/results/2026-12-05/SUMMARY.md) that kernel ran 1.08-1.14x Triton's at 128 to 1,024
+such pairs and 0.57-0.74x at 16 to 64 (too few CTAs for 132 SMs)."""
+
+GLUON_MIN_PAIRS = 128  # (sequence, value head) pairs: about one CTA per SM of an H100 / H200
+
+
+def chunk_config(num_seqs: int | None, dtype: torch.dtype, HV: int | None = None,
+                 gluon_ok: bool = False) -> ChunkConfig:
     """The launch knobs for a prefill of ``num_seqs`` sequences (a host count; None where it is
-    not known, as in a CUDA-graph template) with inputs of ``dtype``. Every config computes the
-    same bits (V tiles are independent columns of the same products), so the choice changes
-    speed only, never a stored state: warm == cold holds across steps that chose differently.
-    An engine's warm-up must launch both (gdn_graphs.vllm.warmup does)."""
-    if num_seqs is not None and num_seqs >= 2 and dtype != torch.float32:
-        return MANY_SEQS_CONFIG  # (fp32 inputs: bv 64 was never compiled or timed for them)
-    return DEFAULT_CONFIG
+    not known, as in a CUDA-graph template) with inputs of ``dtype`` and HV value heads;
+    gluon_ok: whether the Gluon sequential kernel can run for this call
+    (chunk_gluon.gluon_seq_supported). Every config computes the same bits (V tiles are
+    independent columns of the same products; the Gluon kernel repeats the Triton kernel's
+    arithmetic: GPU tests), so the choice changes speed only, never a stored state: warm == cold
+    holds across steps that chose differently. An engine's warm-up must launch each
+    (gdn_graphs.vllm.warmup does)."""
+    if num_seqs is None or num_seqs < 2 or dtype == torch.float32:
+        return DEFAULT_CONFIG  # (fp32 inputs: bv 64 was never compiled or timed for them)
+    if gluon_ok and HV is not None and num_seqs * HV >= GLUON_MIN_PAIRS:
+        return GLUON_CONFIG
+    return MANY_SEQS_CONFIG

@@ -41,6 +41,7 @@ from gdn_graphs.ops.conv import conv_decode, conv_prefill, prefill_tail_ok
 from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.fi_prefill import fi_route, gdn_fi_prefill
+from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.workspace import chunk_config
 from gdn_graphs.runtime.step import GDNStep
 
@@ -168,7 +169,8 @@ def _run(mixed_qkv, a, b, weights, pools, step, out, workspace, layer):
                 # launch knobs by the host count of prefill rows (a template without its host
                 # plan: the default); every config computes the same bits
                 host = getattr(step, "host", None)
-                cfg = chunk_config(None if host is None else host.num_prefills, q.dtype)
+                cfg = chunk_config(None if host is None else host.num_prefills, q.dtype, HV,
+                                   gluon_seq_supported(v, K))
                 gdn_chunk_prefill(q, k, v, a[sl], b[sl], w.A_log, w.dt_bias, pools.ssm,
                                   step.prefill, out=out[sl], workspace=workspace, config=cfg,
                                   error_flag=flag)

@@ -11,7 +11,8 @@ forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the 
 projections) and pools laid out like the engine's state pages (the caller builds them: for vLLM
 0.26, ``gdn_graphs.vllm.v0_26.pages.cache_views``). Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
 (1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding), the
-same two with two prefill rows (the chunk kernels' launch knobs for several sequences), the
+same two with several prefill rows (the chunk kernels' launch knobs for several sequences: two
+rows, or enough rows for the Gluon sequential kernel where it can run), the
 same two with the prefill row from position 0 when the workspace carries a FiWorkspace (the
 FlashInfer prefill path: its kernels and FlashInfer's compile), and a pure decode for each decode
 tile the kernel picks by row count; with speculative decoding also spec rows of 1 + k tokens for
@@ -26,7 +27,9 @@ import numpy as np
 import torch
 
 from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.decode import default_config
+from gdn_graphs.ops.workspace import GLUON_MIN_PAIRS
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
@@ -80,14 +83,19 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         return False
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
-    T = max(2 + 2 * n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
+    # rows of the several-prefills steps: 2, or as many as the Gluon sequential kernel needs to be
+    # chosen (chunk_config) where it can run
+    many = 2
+    if gluon_seq_supported(torch.empty(1, HV, V, dtype=dtype, device=device), K):
+        many = max(2, -(-GLUON_MIN_PAIRS // HV))
+    T = max(2 + many * n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
     if like is None:
         like = (torch.zeros(T, C, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device))
     x, a, b = (_zeros_like_layout(t, T) for t in like)
     out = torch.empty(T, HV, V, dtype=dtype, device=device)
-    rows = max(4, max(decode_rows))
+    rows = max(4, 2 + many, max(decode_rows))
     width = 8 + lookahead
     planner = DeviceTablePlanner(rows, T, CHUNK, None, width, null_block=0, device=device,
                                  max_spec_len=max_spec_len, lookahead=lookahead)
@@ -107,10 +115,10 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     # 16-byte alignment can differ), a prefill row from position 37, padding after it
     for nd in (1, 2):
         step([*range(nd + 1), nd + n_pre], [5] * nd + [37])
-    # two prefill rows: the launch knobs for several sequences (gdn_graphs.ops.workspace.
+    # several prefill rows: the launch knobs for several sequences (gdn_graphs.ops.workspace.
     # chunk_config), after the same two decode offsets
     for nd in (1, 2):
-        step([*range(nd + 1), nd + n_pre, nd + 2 * n_pre], [5] * nd + [37, 37])
+        step([*range(nd + 1), *(nd + i * n_pre for i in range(1, many + 1))], [5] * nd + [37] * many)
     if getattr(workspace, "fi", None) is not None:
         # the FlashInfer path (a prefill row from position 0: fi_route takes it): its three
         # Triton kernels at both input offsets, and FlashInfer's own compile (8-17 s, once: its

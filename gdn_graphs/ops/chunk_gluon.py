@@ -1,0 +1,279 @@
+"""chunk.py's sequential kernel written in Gluon for Hopper (sm_90): the same arithmetic in the same
+order, so the same bits, faster where a batch has enough (sequence, value head) pairs to fill the
+SMs.
+
+``_seq_gluon_kernel`` (one CTA per (sequence, value head, BV rows of V), sequential over chunks)
+    Holds the state S [BV, K] in fp32 registers, where Triton's kernel holds S^T [K, BV], so that S
+    is the register (A) operand of every wgmma it enters instead of a copy through shared memory.
+    Per chunk of 64 tokens, with S0 the entering state (transposes of chunk.py's products):
+        XT  = S0 k^T,  OqT = S0 q^T                 [BV, 64]   (A = S0 rounded to 16 bits)
+        xT  = v^T - XT * exp(gc)                    [BV, 64]
+        vnT = bf16(xT) T'^T                         [BV, 64]   v_new^T
+        oT  = OqT * exp(gc) + bf16(vnT) P^T         [BV, 64]   -> out
+        S   = exp(gc_last) S0 + bf16(vnT * exp(gc_last - gc)) k     [BV, K]
+    Every rounding and every accumulator is chunk.py's ``_seq_chunk``'s; the wgmma sums over the
+    same index in the same order with the operands in swapped roles. The chunk's q, k, v, T' and P
+    come through a two-stage shared-memory ring filled by masked cp.async (rows outside the span
+    read as zeros, as Triton's masked loads), chunk j + 1's copies and gates issued before chunk
+    j's products: nothing the chain waits on is a global load.
+
+Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
+on shared-memory copies of the state; this one ran 1.08-1.19x as fast at 8 x 2048, 32 x 512 and
+4 x 16384 (TP 1) on an H100 (profiling/results/2026-12-05/SUMMARY.md) and slower with one or two
+sequences, whose few CTAs it cannot spread as Triton's V tile of 32 does. ``chunk_config`` picks it
+only where it was faster (README "Conventions": a kernel choice never changes a bit).
+
+The same memory-safety repairs and error codes as ``_chunk_seq_kernel`` (gdn_graphs.ops.common).
+K = V = 128 and 16-bit inputs only (``gluon_seq_supported``). Triton's interpreter cannot run
+Gluon: the CPU tier compiles it for sm_90 (tests/test_chunk_gluon.py), the GPU tier compares its
+bits with the Triton kernel's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from gdn_graphs.constants import CHUNK
+from gdn_graphs.ops.common import ERR_META, ERR_SLOT, ERR_TOKENS, MAX_POS, interpreting
+from gdn_graphs.ops.meta import ChunkMeta
+from gdn_graphs.ops.workspace import ChunkWorkspace
+
+try:  # Gluon ships with Triton >= 3.5 (experimental)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    HAS_GLUON = True
+except ImportError:  # pragma: no cover - Triton without Gluon: Triton's kernel runs everywhere
+    HAS_GLUON = False
+
+__all__ = ["HAS_GLUON", "gluon_seq_supported", "chunk_seq_fwd_gluon"]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
+    """Whether ``chunk_seq_fwd_gluon`` can run on v [T, HV, V] with key dim K (host facts only, no
+    sync): Gluon present and no interpreter, a Hopper GPU (sm_90), 16-bit v, K = V = 128, and v's rows 16-byte aligned (cp.async copies 16 bytes: a token stride that
+    is a multiple of 16 elements and a 16-byte aligned start, as in every packed qkv layout)."""
+    if not HAS_GLUON or interpreting() or v.device.type != "cuda":
+        return False
+    if v.dtype not in (torch.bfloat16, torch.float16) or v.dim() != 3 or (K, v.shape[2]) != (128, 128):
+        return False
+    if v.stride(2) != 1 or v.stride(0) % 16 or v.data_ptr() % 16:
+        return False
+    return _is_sm90(v.device.index if v.device.index is not None else torch.cuda.current_device())
+
+
+if HAS_GLUON:
+    _ERR_SLOT, _ERR_TOKENS, _ERR_META = gl.constexpr(ERR_SLOT), gl.constexpr(ERR_TOKENS), gl.constexpr(ERR_META)
+    _MAX_POS = gl.constexpr(MAX_POS)
+
+    @gluon.jit
+    def _report(error_flag, bad, CODE: gl.constexpr, HAS_FLAG: gl.constexpr):
+        """common.report: OR CODE into error_flag[0] when ``bad`` holds (relaxed, bad path only)."""
+        if HAS_FLAG:
+            if bad:
+                gl.atomic_or(error_flag, CODE, sem="relaxed")
+
+    @gluon.jit
+    def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
+                     bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
+                     HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                     BV: gl.constexpr, BC: gl.constexpr,
+                     LD128: gl.constexpr, LD64: gl.constexpr, LDV: gl.constexpr):
+        """cp.async chunk j's q, k, v, T', P rows into stage j % 2 (rows outside the span and
+        chunks past the last: zeros, nothing read)."""
+        st = j % 2
+        r128 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD128))
+        c128 = gl.arange(0, K, layout=gl.SliceLayout(0, LD128))
+        r64 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD64))
+        c64 = gl.arange(0, BC, layout=gl.SliceLayout(0, LD64))
+        rvv = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))
+        cvv = gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
+        # rows count from the chunk's first token (chunk.py's _chunk_rows)
+        cs = bos + gl.maximum(j * BC - off, 0)
+        n_t = gl.where(j < nc, gl.minimum(bos + (j + 1) * BC - off, eos) - cs, 0)
+        row128 = (cs + r128).to(gl.int64)[:, None]
+        row64 = (cs + r64).to(gl.int64)[:, None]
+        m128 = (r128 < n_t)[:, None]
+        m64 = (r64 < n_t)[:, None]
+        async_copy.async_copy_global_to_shared(q_s.index(st), qs_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
+                                               mask=m128)
+        async_copy.async_copy_global_to_shared(k_s.index(st), kn_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
+                                               mask=m128)
+        async_copy.async_copy_global_to_shared(v_s.index(st), v + (cs + rvv).to(gl.int64)[:, None] * s_vt
+                                               + i_h * V + i_v * BV + cvv[None, :], mask=(rvv < n_t)[:, None])
+        async_copy.async_copy_global_to_shared(t_s.index(st), t_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
+                                               mask=m64)
+        async_copy.async_copy_global_to_shared(p_s.index(st), p_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
+                                               mask=m64)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _gates(j, g_ws, bos, eos, off, nc, i_h, ct, HV: gl.constexpr, BC: gl.constexpr):
+        """Chunk j's cumulative log decays gc [BC] (0 past its tokens) and its last one, loaded a
+        chunk ahead of their use (a global load on the chain cost half the kernel's speed)."""
+        cs = bos + gl.maximum(j * BC - off, 0)
+        ce = gl.minimum(bos + (j + 1) * BC - off, eos)
+        ok = j < nc
+        gc = gl.load(g_ws + (cs + ct).to(gl.int64) * HV + i_h, mask=(ct < ce - cs) & ok, other=0.)
+        g_last = gl.load(g_ws + gl.where(ok, ce - 1, bos).to(gl.int64) * HV + i_h)
+        return gc, g_last
+
+    # (as _chunk_seq_kernel: T, the pool size and the checkpoint table's length change with the
+    # engine's step, not the model; specialised, the first request would recompile the warm-up's)
+    @gluon.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
+    def _seq_gluon_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
+                          cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
+                          error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
+                          HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                          BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
+                          HAS_FLAG: gl.constexpr):
+        gl.static_assert(K == 128)
+        gl.static_assert(V == 128)
+        NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
+        NV: gl.constexpr = V // BV
+        G: gl.constexpr = HV // HK
+        i_v = gl.program_id(0) % NV
+        i_h = gl.program_id(0) // NV
+        i_n = gl.program_id(1)
+        i_hk = i_h // G
+
+        # the repairs of _chunk_seq_kernel (common.clip_span, clip_pos, the checkpoint range)
+        bos0 = gl.load(cu_seqlens + i_n)
+        eos0 = gl.load(cu_seqlens + i_n + 1)
+        bos = gl.minimum(gl.maximum(bos0, 0), T)
+        eos = gl.minimum(gl.maximum(eos0, bos), T)
+        _report(error_flag, (bos != bos0) | (eos != eos0), _ERR_TOKENS, HAS_FLAG)
+        if eos <= bos:
+            return
+        p0 = gl.load(start_pos + i_n)
+        n0 = gl.minimum(gl.maximum(p0, 0), _MAX_POS - 1)
+        _report(error_flag, n0 != p0, _ERR_TOKENS, HAS_FLAG)
+        n_end = n0 + (eos - bos)
+        off = n0 % BC
+        c0 = n0 // BC
+        nc = (n_end - 1) // BC - c0 + 1
+        first_blk = n0 // block_size
+        ck00 = gl.load(ckpt_offsets + i_n)
+        ck0 = gl.minimum(gl.maximum(ck00, 0), max_ckpts)
+        _report(error_flag, (ck0 != ck00) | (ck0 + (n_end - 1) // block_size - first_blk > max_ckpts),
+                _ERR_META, HAS_FLAG)
+
+        # register layouts: wgmma accumulators [BV, K] and [BV, 64] (a warp group per 64 rows),
+        # their A-operand forms, and coalesced layouts for the cp.async tiles
+        LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
+        L64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BC, 16])
+        A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
+        AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+        LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+        LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [NW, 1], [1, 0])
+        DT: gl.constexpr = qs_ws.dtype.element_ty
+        SH128: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
+        SH64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], DT)
+        SHV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BV], DT)
+        q_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
+        k_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
+        v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
+        t_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
+        p_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
+        o_s = gl.allocate_shared_memory(DT, [BC, BV], SHV)
+
+        # the state S [BV, K]: element [v, k] at ssm[slot, h, v, k]
+        rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+        ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+        p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
+        r_slot = gl.load(read_slot + i_n)
+        r_ok = (r_slot >= 0) & (r_slot < num_slots)  # only pool slots are dereferenced
+        S = gl.load(ssm + gl.where(r_ok, r_slot, 0).to(gl.int64) * s_slot + p_state,
+                    mask=r_ok & (rv[:, None] < V), other=0.).to(gl.float32)
+        _report(error_flag, (r_slot < -1) | (r_slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+
+        ct = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))   # token of the chunk, as a column
+        ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))   # token of the chunk, as a row
+        co = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
+        zero64 = gl.zeros([BV, BC], gl.float32, L64)
+
+        gc_next, gl_next = _gates(0, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
+        _issue_chunk(0, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h, i_hk,
+                     i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
+        for j in range(nc):
+            st = j % 2
+            gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1) and o_s
+            _issue_chunk(j + 1, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc,
+                         i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
+            async_copy.wait_group(1)  # chunk j's copies have landed (this thread's) ...
+            gl.thread_barrier()       # ... and every thread's
+            fence_async_shared()      # before wgmma reads them through the async proxy
+
+            cs = bos + gl.maximum(j * BC - off, 0)
+            n_t = gl.minimum(bos + (j + 1) * BC - off, eos) - cs
+            gc = gc_next
+            g_last = gl_next
+            gc_next, gl_next = _gates(j + 1, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
+            eg = gl.exp(gc)
+
+            Sb = gl.convert_layout(S.to(DT), A64)
+            XT = warpgroup_mma(Sb, k_s.index(st).permute((1, 0)), zero64, is_async=True)
+            OqT = warpgroup_mma(Sb, q_s.index(st).permute((1, 0)), zero64, is_async=True)
+            XT, OqT = warpgroup_mma_wait(0, deps=(XT, OqT))
+            xT = v_s.index(st).permute((1, 0)).load(L64).to(gl.float32) - XT * eg[None, :]
+            vnT = warpgroup_mma(gl.convert_layout(xT.to(DT), A64), t_s.index(st).permute((1, 0)), zero64)
+            oT = warpgroup_mma(gl.convert_layout(vnT.to(DT), A64), p_s.index(st).permute((1, 0)),
+                               OqT * eg[None, :], is_async=True)
+            # v_new scaled in fp32, then rounded once (_seq_chunk's order)
+            w = gl.where(ct < n_t, gl.exp(g_last - gc), 0.)
+            vs = gl.convert_layout((vnT * w[None, :]).to(DT), AS)
+            S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
+            oT, S = warpgroup_mma_wait(0, deps=(oT, S))
+
+            # the output rows, transposed through shared memory into coalesced stores
+            o_s.permute((1, 0)).store(oT.to(DT))
+            gl.thread_barrier()
+            o = o_s.load(LDV)
+            gl.store(out + (cs + ro).to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :],
+                     o.to(out.dtype.element_ty), mask=(ro < n_t)[:, None])
+
+            p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
+            at_block = (p_end % block_size) == 0
+            if ROUND_STATE:  # the running state equals what a block-boundary slot holds
+                if at_block:
+                    S = S.to(ssm.dtype.element_ty).to(gl.float32)
+            if at_block & (p_end < n_end):
+                i_e = ck0 + (p_end // block_size - first_blk - 1)
+                slot = gl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
+                if (slot >= 0) & (slot < num_slots):
+                    gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
+                _report(error_flag, (slot < -1) | (slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+
+        async_copy.wait_group(0)
+        w_slot = gl.load(write_slot + i_n)
+        if (w_slot >= 0) & (w_slot < num_slots):
+            gl.store(ssm + w_slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
+        _report(error_flag, (w_slot < -1) | (w_slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+
+
+def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 128,
+                        error_flag=None):
+    """Launch the Gluon sequential kernel (no checks; see chunk.gdn_chunk_prefill) after
+    chunk_intra_fwd filled ``ws``: the arguments and effects of chunk.chunk_seq_fwd, and its bits.
+    bv: rows of V a CTA owns, 128 (two warp groups) or 64 (one). Only where
+    ``gluon_seq_supported``."""
+    HV, K, V = ws.HV, ws.K, ws.V
+    if meta.max_seqs == 0:
+        return
+    _seq_gluon_kernel[(HV * (V // bv), meta.max_seqs)](
+        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
+        meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
+        meta.ckpt_slots, error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
+        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, ROUND_STATE=ssm.dtype != torch.float32,
+        HAS_FLAG=error_flag is not None, num_warps=bv // 16)

@@ -823,52 +823,53 @@ def column_rows(results, tp, pool, column):
 
 
 def plot(path, results, copy_tbps):
+    """One bandwidth panel per TP degree run (every column, both pools), and the 36-layer stack
+    where ours' detail ran."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    tps = sorted({r["tp"] for r in results.get("columns", [])}) or [1]
     ours = results.get("ours", [])
-    Bs = [r["B"] for r in ours]
-    if ours:
-        ax1.plot(Bs, [r["TBps"] for r in ours], "o-", label="gdn_graphs decode, fp32")
-    if ours and all("TBps_pdl" in r for r in ours):
-        ax1.plot(Bs, [r["TBps_pdl"] for r in ours], "^-", label="gdn_graphs, fp32, PDL")
-    fla = [r for r in results.get("fla", []) if "TBps" in r]
-    if fla:
-        ax1.plot([r["B"] for r in fla], [r["TBps"] for r in fla], "s--",
-                 label="fla fused_recurrent (gathered), fp32")
-    styles = {"ours": "o", "fi": "D", "vllm": "v"}
-    names = {"ours": "gdn_graphs", "fi": "FlashInfer pretranspose", "vllm": "vLLM packed decode"}
-    for pool, ls in (("fp32", "--"), ("bf16", ":")):
-        for col in ("ours", "fi", "vllm"):
-            if col == "ours" and pool == "fp32":
-                continue  # drawn above
-            rows = sorted((B, r["TBps"]) for B, r in column_rows(results, 1, pool, col).items()
-                          if "TBps" in r)
-            if rows:
-                ax1.plot(*zip(*rows), styles[col] + ls, label=f"{names[col]}, {pool}")
-    ax1.axhline(copy_tbps, color="k", lw=0.8, label=f"device copy {copy_tbps:.2f} TB/s")
-    ax1.axhline(0.9 * copy_tbps, color="k", lw=0.8, ls=":", label="90% of copy")
-    ax1.set_xscale("log", base=2)
-    ax1.set_xlabel("batch B")
-    ax1.set_ylabel("TB/s (read + write)")
-    ax1.set_title("per-layer decode bandwidth, TP 1 (HV 32)")
-    ax1.legend(fontsize=6)
-    if ours and all("stack_eager_ms" in r for r in ours):
-        ax2.plot(Bs, [r["stack_eager_ms"] for r in ours], "o-", label="eager")
-        ax2.plot(Bs, [r["stack_graph_ms"] for r in ours], "o-", label="CUDA graph")
+    stack = bool(ours) and all("stack_eager_ms" in r for r in ours)
+    fig, axes = plt.subplots(1, len(tps) + stack, figsize=(6.5 * (len(tps) + stack), 4.8), squeeze=False)
+    styles = {"ours": "o", "ours_pdl": "^", "fi": "D", "vllm": "v"}
+    names = {"ours": "gdn_graphs", "ours_pdl": "gdn_graphs + PDL", "fi": "FlashInfer pretranspose",
+             "vllm": "vLLM packed decode"}
+    for ax, tp in zip(axes[0], tps):
+        if tp == 1:
+            fla = [r for r in results.get("fla", []) if "TBps" in r]
+            if fla:
+                ax.plot([r["B"] for r in fla], [r["TBps"] for r in fla], "s--",
+                        label="fla fused_recurrent (gathered), fp32")
+        for pool, ls in (("fp32", "-"), ("bf16", ":")):
+            for col in names:
+                rows = sorted((B, r["TBps"]) for B, r in column_rows(results, tp, pool, col).items()
+                              if "TBps" in r)
+                if rows:
+                    ax.plot(*zip(*rows), styles[col] + ls, label=f"{names[col]}, {pool}")
+        ax.axhline(copy_tbps, color="k", lw=0.8, label=f"device copy {copy_tbps:.2f} TB/s")
+        ax.axhline(0.95 * copy_tbps, color="k", lw=0.8, ls=":", label="95% of copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch B")
+        ax.set_ylabel("TB/s (read + write)")
+        ax.set_title(f"per-layer decode bandwidth, TP {tp}")
+        ax.legend(fontsize=6)
+    if stack:
+        ax = axes[0][-1]
+        Bs = [r["B"] for r in ours]
+        ax.plot(Bs, [r["stack_eager_ms"] for r in ours], "o-", label="eager")
+        ax.plot(Bs, [r["stack_graph_ms"] for r in ours], "o-", label="CUDA graph")
         if all("stack_graph_pdl_ms" in r for r in ours):
-            ax2.plot(Bs, [r["stack_graph_pdl_ms"] for r in ours], "^-",
-                     label="CUDA graph, PDL")
-        ax2.set_yscale("log")
-        ax2.set_ylabel(f"ms for {LAYERS} layers")
-        ax2.set_title(f"{LAYERS}-layer decode stack (fp32)")
-        ax2.legend(fontsize=8)
-    ax2.set_xscale("log", base=2)
-    ax2.set_xlabel("batch B")
+            ax.plot(Bs, [r["stack_graph_pdl_ms"] for r in ours], "^-", label="CUDA graph, PDL")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch B")
+        ax.set_ylabel(f"ms for {LAYERS} layers")
+        ax.set_title(f"{LAYERS}-layer decode stack (fp32)")
+        ax.legend(fontsize=8)
     fig.suptitle(f"{results['device']}  {results['date']}  {results['commit']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

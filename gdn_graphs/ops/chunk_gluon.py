@@ -18,10 +18,11 @@ SMs.
     j's products: nothing the chain waits on is a global load.
 
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
-on shared-memory copies of the state; this one ran 1.08-1.19x as fast at 8 x 2048, 32 x 512 and
-4 x 16384 (TP 1) on an H100 (profiling/results/2026-12-05/SUMMARY.md) and slower with one or two
-sequences, whose few CTAs it cannot spread as Triton's V tile of 32 does. ``chunk_config`` picks it
-only where it was faster (README "Conventions": a kernel choice never changes a bit).
+on shared-memory copies of the state; this one ran 1.11-1.13x as fast at 128 to 1,024 (sequence,
+value head) pairs, TP 1 and 2, on an H100, and 0.62-0.80x at 16 to 64 pairs, whose few CTAs it
+cannot spread as Triton's V tile of 32 does (profiling/results/2026-12-06/SUMMARY.md).
+``chunk_config`` picks it only where it was faster (README "Conventions": a launch choice never
+changes a bit).
 
 The same memory-safety repairs and error codes as ``_chunk_seq_kernel`` (gdn_graphs.ops.common).
 K = V = 128 and 16-bit inputs only (``gluon_seq_supported``). Triton's interpreter cannot run

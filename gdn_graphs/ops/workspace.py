@@ -135,8 +135,8 @@ GLUON_CONFIG = ChunkConfig(seq_kernel="gluon", bv=128)
 """For steps whose prefill rows times value heads reach GLUON_MIN_PAIRS, where the Gluon kernel
 can run (chunk_gluon.gluon_seq_supported): one CTA per (sequence, head) with all of V, the state
 as wgmma's register operand. On an H100 (HV 32 / 16, bf16, a state every 256 tokens;
-profiling/results/2026-12-05/SUMMARY.md) that kernel ran 1.08-1.14x Triton's at 128 to 1,024
-such pairs and 0.57-0.74x at 16 to 64 (too few CTAs for 132 SMs)."""
+profiling/results/2026-12-06/SUMMARY.md) that kernel ran 1.11-1.13x Triton's at 128 to 1,024
+such pairs and 0.62-0.80x at 16 to 64 (too few CTAs for 132 SMs)."""
 
 GLUON_MIN_PAIRS = 128  # (sequence, value head) pairs: about one CTA per SM of an H100 / H200
 

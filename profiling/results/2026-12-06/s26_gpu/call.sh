@@ -42,9 +42,9 @@ case $n in
      export PYTHONPATH=$PYTHONPATH:$FI
      tier() { local name=$1 t=$2; shift 2
        part "$name" "$t" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/$name.xml" "$@"; }
-     tier tier_b 300 tests/test_chunk_gluon.py tests/test_chunk.py tests/test_conv.py tests/test_decode.py \
+     tier tier_b 290 tests/test_chunk_gluon.py tests/test_chunk.py tests/test_conv.py tests/test_decode.py \
        tests/test_fi_core.py tests/test_fi_prefill.py tests/test_profile.py tests/test_spec_gpu.py
-     tier tier_a 270 tests/test_engine.py tests/test_spec_engine.py tests/test_graphs.py tests/test_decode_stack.py \
+     tier tier_a 240 tests/test_engine.py tests/test_spec_engine.py tests/test_graphs.py tests/test_decode_stack.py \
        tests/test_spec_lookahead.py tests/test_spec_placement.py tests/test_vllm_slots.py tests/test_gpu_safety.py
      for f in tier_b tier_a; do grep -E "passed|failed|^FAILED|^ERROR" "$W/$f.log" | tail -8; done ;;
   3) { bash .stage/fi1/unpack.sh; bash .stage/fi2b/unpack.sh; } > "$W/unpack.log" 2>&1

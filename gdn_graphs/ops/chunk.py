@@ -513,7 +513,7 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     gluon_ok = gluon_seq_supported(v, K)
     cfg = chunk_config(meta.num_seqs, q.dtype, HV, gluon_ok) if config is None else config
     if cfg.seq_kernel == "gluon" and not gluon_ok:
-        _fail("ChunkConfig(seq_kernel='gluon') needs Gluon, a Hopper GPU (sm_90), 16-bit inputs, "
+        _fail("ChunkConfig(seq_kernel='gluon') needs Gluon, a Hopper GPU (sm_90), bf16 inputs, "
               "K = V = 128 and v 16-byte aligned with a token stride that is a multiple of 16")
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)

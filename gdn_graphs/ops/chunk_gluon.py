@@ -25,7 +25,8 @@ cannot spread as Triton's V tile of 32 does (profiling/results/2026-12-06/SUMMAR
 changes a bit).
 
 The same memory-safety repairs and error codes as ``_chunk_seq_kernel`` (gdn_graphs.ops.common).
-K = V = 128 and 16-bit inputs only (``gluon_seq_supported``). Triton's interpreter cannot run
+K = V = 128 and bf16 inputs only (``gluon_seq_supported``; fp16 would compile the same way but has
+not run on a GPU). Triton's interpreter cannot run
 Gluon: the CPU tier compiles it for sm_90 (tests/test_chunk_gluon.py), the GPU tier compares its
 bits with the Triton kernel's.
 """
@@ -61,11 +62,12 @@ def _is_sm90(index: int) -> bool:
 
 def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
     """Whether ``chunk_seq_fwd_gluon`` can run on v [T, HV, V] with key dim K (host facts only, no
-    sync): Gluon present and no interpreter, a Hopper GPU (sm_90), 16-bit v, K = V = 128, and v's rows 16-byte aligned (cp.async copies 16 bytes: a token stride that
+    sync): Gluon present and no interpreter, a Hopper GPU (sm_90), bf16 v (the dtype its GPU tests
+    ran), K = V = 128, and v's rows 16-byte aligned (cp.async copies 16 bytes: a token stride that
     is a multiple of 16 elements and a 16-byte aligned start, as in every packed qkv layout)."""
     if not HAS_GLUON or interpreting() or v.device.type != "cuda":
         return False
-    if v.dtype not in (torch.bfloat16, torch.float16) or v.dim() != 3 or (K, v.shape[2]) != (128, 128):
+    if v.dtype != torch.bfloat16 or v.dim() != 3 or (K, v.shape[2]) != (128, 128):
         return False
     if v.stride(2) != 1 or v.stride(0) % 16 or v.data_ptr() % 16:
         return False

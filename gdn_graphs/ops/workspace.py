@@ -76,7 +76,7 @@ class ChunkConfig:
     fp32 (None: "tf32x3", about fp32 accuracy on tensor cores; "ieee" is exact but spills
     registers). inv_precision: of the in-chunk inverse, on fp32 values (None: "tf32x3" for fp32
     inputs, "tf32" otherwise). The interpreter always computes in fp32. seq_kernel: "triton"
-    (chunk.py's, everywhere) or "gluon" (chunk_gluon.py's: Hopper, 16-bit inputs, K = V = 128;
+    (chunk.py's, everywhere) or "gluon" (chunk_gluon.py's: Hopper, bf16 inputs, K = V = 128;
     bv 64 or 128 rows of V a CTA, its warps and stages fixed by bv); both give the same bits.
 
     Defaults and limits, from sweeps on an H200: bv 32 with 4 warps and 3 stages was the fastest

@@ -268,20 +268,13 @@ def mtok(T, ms):
 
 def bench_ours(torch, triton, case, quick, cfg=None):
     """cfg None: the knobs the library picks for this many sequences (chunk_config)."""
-    from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_seq_fwd, gdn_chunk_prefill
-    from gdn_graphs.ops.chunk_gluon import chunk_seq_fwd_gluon, gluon_seq_supported
+    from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_seq_fwd_by, gdn_chunk_prefill
+    from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
     from gdn_graphs.ops.workspace import chunk_config
 
     cfg = cfg or chunk_config(case.nseq, torch.bfloat16, case.HV, gluon_seq_supported(case.v, K))
     res = dict(config=dict(seq_kernel=cfg.seq_kernel, bv=cfg.bv, warps_seq=cfg.warps_seq,
                            stages=cfg.stages_for(torch.bfloat16)))
-
-    def seq(meta):
-        if cfg.seq_kernel == "gluon":
-            return chunk_seq_fwd_gluon(case.out, case.v, case.pool, case.ws, meta, case.HK, bv=cfg.bv)
-        return chunk_seq_fwd(case.out, case.v, case.pool, case.ws, meta, case.HK, bv=cfg.bv,
-                             num_warps=cfg.warps_seq, num_stages=cfg.stages_for(torch.bfloat16),
-                             dot_precision="tf32")
     for name, _ in MODES:
         meta = case.metas[name]
 
@@ -296,7 +289,8 @@ def bench_ours(torch, triton, case, quick, cfg=None):
         ms = bench_ms(triton, call, quick)
         ms_intra = bench_ms(triton, intra, quick)
         ck = intra()
-        ms_seq = bench_ms(triton, lambda: seq(meta), quick)
+        ms_seq = bench_ms(triton, lambda: chunk_seq_fwd_by(cfg, case.out, case.v, case.pool, case.ws, meta,
+                                                           case.HK), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()),
                          intra_regs=getattr(ck, "n_regs", None), intra_spills=getattr(ck, "n_spills", None))

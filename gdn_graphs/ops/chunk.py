@@ -69,7 +69,7 @@ from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspac
                                       chunk_config)
 
 __all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace", "chunk_intra_fwd",
-           "chunk_seq_fwd"]
+           "chunk_seq_fwd", "chunk_seq_fwd_by"]
 
 
 @triton.jit
@@ -476,6 +476,18 @@ def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
     )
 
 
+def chunk_seq_fwd_by(cfg: ChunkConfig, out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
+                     dot_precision: str = "tf32", error_flag=None):
+    """The sequential kernel ``cfg`` names (Triton's, or the Gluon one on Hopper) with its knobs;
+    no checks (see gdn_chunk_prefill). Both give the same bits."""
+    if cfg.seq_kernel == "gluon":
+        chunk_seq_fwd_gluon(out, v, ssm, ws, meta, HK, bv=cfg.bv, error_flag=error_flag)
+    else:
+        chunk_seq_fwd(out, v, ssm, ws, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
+                      num_stages=cfg.stages_for(ws.dtype), dot_precision=dot_precision,
+                      error_flag=error_flag)
+
+
 def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=None, scale=None,
                       workspace: ChunkWorkspace | None = None, config: ChunkConfig | None = None,
                       error_flag=None):
@@ -510,11 +522,15 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     check_flag("gdn_chunk_prefill", error_flag, q.device, ref="q")
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    gluon_ok = gluon_seq_supported(v, K)
-    cfg = chunk_config(meta.num_seqs, q.dtype, HV, gluon_ok) if config is None else config
-    if cfg.seq_kernel == "gluon" and not gluon_ok:
-        _fail("ChunkConfig(seq_kernel='gluon') needs Gluon, a Hopper GPU (sm_90), bf16 inputs, "
-              "K = V = 128 and v 16-byte aligned with a token stride that is a multiple of 16")
+    # (whether the Gluon kernel can run is asked only where it matters: a default config, or one
+    # that names it; the engine passes a config it chose the same way)
+    if config is None:
+        cfg = chunk_config(meta.num_seqs, q.dtype, HV, gluon_seq_supported(v, K))
+    else:
+        cfg = config
+        if cfg.seq_kernel == "gluon" and not gluon_seq_supported(v, K):
+            _fail("ChunkConfig(seq_kernel='gluon') needs Gluon, a Hopper GPU (sm_90), bf16 inputs, "
+                  "K = V = 128 and v 16-byte aligned with a token stride that is a multiple of 16")
     if out is None:
         out = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if T == 0:
@@ -528,9 +544,5 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
                     num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
                     error_flag=error_flag)
-    if cfg.seq_kernel == "gluon":
-        chunk_seq_fwd_gluon(out, v, ssm, workspace, meta, HK, bv=cfg.bv, error_flag=error_flag)
-    else:
-        chunk_seq_fwd(out, v, ssm, workspace, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
-                      num_stages=cfg.stages_for(q.dtype), dot_precision=dot_prec, error_flag=error_flag)
+    chunk_seq_fwd_by(cfg, out, v, ssm, workspace, meta, HK, dot_precision=dot_prec, error_flag=error_flag)
     return out

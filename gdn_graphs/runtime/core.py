@@ -37,11 +37,11 @@ import torch
 
 from gdn_graphs import nvtx
 from gdn_graphs.ops.chunk import ChunkWorkspace, gdn_chunk_prefill
+from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.conv import conv_decode, conv_prefill, prefill_tail_ok
 from gdn_graphs.ops.conv_multi import conv_decode_multi
 from gdn_graphs.ops.decode import gdn_decode, gdn_decode_multi, pdl_supported
 from gdn_graphs.ops.fi_prefill import fi_route, gdn_fi_prefill
-from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.workspace import chunk_config
 from gdn_graphs.runtime.step import GDNStep
 

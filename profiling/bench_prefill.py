@@ -268,30 +268,40 @@ def mtok(T, ms):
 
 def bench_ours(torch, triton, case, quick, cfg=None):
     """cfg None: the knobs the library picks for this many sequences (chunk_config)."""
-    from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_seq_fwd_by, gdn_chunk_prefill
+    from gdn_graphs.ops.chunk import chunk_intra_fwd, chunk_intra_fwd_for, chunk_seq_fwd_by, gdn_chunk_prefill
     from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
+    from gdn_graphs.ops.chunk_intra_gluon import gluon_intra_supported
     from gdn_graphs.ops.workspace import chunk_config
 
     cfg = cfg or chunk_config(case.nseq, torch.bfloat16, case.HV, gluon_seq_supported(case.v, K))
+    gluon_intra = gluon_intra_supported(case.q, K)
     res = dict(config=dict(seq_kernel=cfg.seq_kernel, bv=cfg.bv, warps_seq=cfg.warps_seq,
-                           stages=cfg.stages_for(torch.bfloat16)))
+                           stages=cfg.stages_for(torch.bfloat16),
+                           intra_kernel="gluon" if gluon_intra else "triton"))
     for name, _ in MODES:
         meta = case.metas[name]
 
-        def intra():
+        def intra_triton():
             return chunk_intra_fwd(
                 case.q, case.k, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
                 meta, K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32")
+
+        def intra():  # the kernel the library takes here
+            chunk_intra_fwd_for(case.q, case.k, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
+                                meta, K ** -0.5, cfg, "tf32", "tf32")
 
         def call():
             gdn_chunk_prefill(*case.args(), meta, out=case.out, workspace=case.ws, config=cfg)
 
         ms = bench_ms(triton, call, quick)
         ms_intra = bench_ms(triton, intra, quick)
-        ck = intra()
+        ms_intra_triton = bench_ms(triton, intra_triton, quick) if gluon_intra else ms_intra
+        ck = intra_triton()
+        intra()
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd_by(cfg, case.out, case.v, case.pool, case.ws, meta,
                                                            case.HK), quick)
-        res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_seq=ms_seq,
+        res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_intra_triton=ms_intra_triton,
+                         ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()),
                          intra_regs=getattr(ck, "n_regs", None), intra_spills=getattr(ck, "n_spills", None))
     off = res["off"]["ms"]
@@ -947,8 +957,8 @@ def print_table(results, sweep_only=False):
     print()
     print(f"GDN chunked prefill, K = V = {K}, bf16 inputs, fp32 pool -- {results['device']}")
     print("ours' detail (intra / seq: each kernel alone)")
-    hdr = (f"{'shape':>12} {'mode':>7} {'ms':>8} {'Mtok/s':>8} {'intra ms':>9} {'seq ms':>8} {'ckpts':>6} "
-           f"{'ckpt cost':>9}")
+    hdr = (f"{'shape':>12} {'mode':>7} {'ms':>8} {'Mtok/s':>8} {'intra ms':>9} {'(Triton)':>9} {'seq ms':>8} "
+           f"{'ckpts':>6} {'ckpt cost':>9}")
     print(hdr)
     print("-" * len(hdr))
     for shape, r in results["shapes"].items():
@@ -957,12 +967,14 @@ def print_table(results, sweep_only=False):
             if not o:
                 continue
             cost = f"{o['ckpt_cost_pct']:+8.2f}%" if "ckpt_cost_pct" in o else ""
-            print(f"{shape:>12} {m:>7} {o['ms']:8.3f} {o['Mtok_s']:8.2f} {o['ms_intra']:9.3f} {o['ms_seq']:8.3f} "
+            print(f"{shape:>12} {m:>7} {o['ms']:8.3f} {o['Mtok_s']:8.2f} {o['ms_intra']:9.3f} "
+                  f"{o.get('ms_intra_triton', o['ms_intra']):9.3f} {o['ms_seq']:8.3f} "
                   f"{o['checkpoints']:6d} {cost:>9}")
         if "peak_extra_MiB" in r.get("ours", {}):
             print(f"{shape:>12} ours peak extra memory per call {r['ours']['peak_extra_MiB']:.0f} MiB "
                   f"(workspace {r['ours']['workspace_MiB']:.0f} MiB)"
-                  + (" knobs {seq_kernel} bv {bv} / {warps_seq} warps / {stages} stages".format(**r["ours"]["config"])
+                  + (" knobs {seq_kernel} bv {bv} / {warps_seq} warps / {stages} stages, intra {intra_kernel}".format(
+                      **{"intra_kernel": "triton", **r["ours"]["config"]})
                      if "config" in r["ours"] else ""))
     print("\nside by side (vs ours: ours' time at the same checkpoint mode / this column's, > 1: "
           "faster than ours; the no-checkpoint columns against ours off)")

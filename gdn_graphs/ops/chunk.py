@@ -19,6 +19,10 @@ Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs e
     state into the write slot. The same program reads the initial state before it writes any
     slot, so a checkpoint or write slot may equal the read slot.
 
+On Hopper (sm_90) with 16-bit inputs and K = V = 128 the first kernel's job is done by
+``chunk_intra_gluon._intra_gluon_kernel`` for every step (chunk_intra_fwd_for): the same workspace,
+the inverse's last bits aside; the second may be ``chunk_gluon``'s, which gives its bits exactly.
+
 Chunks are aligned to absolute positions (a span starting mid-chunk first finishes that chunk), and
 a chunk's arithmetic depends only on its own tokens and its entering state (rows are indexed from
 the chunk's first token; nothing depends on the flat offset, the batch or the grid). So a run that
@@ -64,12 +68,13 @@ from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_D
                                    dot_like_gpu, fail, first_overlap, gdn_gate, interpreting,
                                    inv_l2norm, report, slot_ok, span_chunks)
 from gdn_graphs.ops.chunk_gluon import chunk_seq_fwd_gluon, gluon_seq_supported
+from gdn_graphs.ops.chunk_intra_gluon import chunk_intra_fwd_gluon, gluon_intra_supported
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace,
                                       chunk_config)
 
 __all__ = ["gdn_chunk_prefill", "ChunkConfig", "DEFAULT_CONFIG", "ChunkWorkspace", "chunk_intra_fwd",
-           "chunk_seq_fwd", "chunk_seq_fwd_by"]
+           "chunk_intra_fwd_for", "chunk_seq_fwd", "chunk_seq_fwd_by"]
 
 
 @triton.jit
@@ -476,6 +481,19 @@ def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
     )
 
 
+def chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
+                        cfg: ChunkConfig, dot_precision: str, inv_precision: str, error_flag=None):
+    """The chunk-parallel kernel this model and device take for every step (no checks; see
+    gdn_chunk_prefill): the Gluon one where ``gluon_intra_supported`` (Hopper, 16-bit inputs,
+    K = V = 128), else Triton's with ``cfg``'s warps. The two differ in T''s last bits, so the
+    choice rests only on facts that do not change between an engine's steps (README "Conventions")."""
+    if gluon_intra_supported(q, ws.V):
+        chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, error_flag=error_flag)
+    else:
+        chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, num_warps=cfg.warps_intra,
+                        dot_precision=dot_precision, inv_precision=inv_precision, error_flag=error_flag)
+
+
 def chunk_seq_fwd_by(cfg: ChunkConfig, out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
                      dot_precision: str = "tf32", error_flag=None):
     """The sequential kernel ``cfg`` names (Triton's, or the Gluon one on Hopper) with its knobs;
@@ -541,8 +559,7 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     fp32 = q.dtype == torch.float32
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
-    chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale,
-                    num_warps=cfg.warps_intra, dot_precision=dot_prec, inv_precision=inv_prec,
-                    error_flag=error_flag)
+    chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale, cfg, dot_prec, inv_prec,
+                        error_flag=error_flag)
     chunk_seq_fwd_by(cfg, out, v, ssm, workspace, meta, HK, dot_precision=dot_prec, error_flag=error_flag)
     return out

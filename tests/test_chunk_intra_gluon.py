@@ -1,0 +1,176 @@
+"""The Gluon chunk-parallel kernel (gdn_graphs.ops.chunk_intra_gluon) against the Triton one.
+
+The two compute the same workspace (T', P, gc, normalised q and k) with another schedule of the
+in-chunk inverse, so T' agrees within the inverse's tf32 rounding, not bit for bit; an engine takes
+one of them for every step. The CPU tier checks where the kernel is taken and that it compiles for
+sm_90 without spills; the GPU tier compares its workspace with the Triton kernel's, its repairs of
+bad metadata, and the inverse's accuracy on a repeated token. (test_chunk.py's and
+test_chunk_gluon.py's GPU tests at K = V = 128 with bf16 inputs run on this kernel too: against
+the fp64 reference, warm == cold, chunked steps == one step, graph replay.)
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from gdn_graphs.ops.chunk import ChunkWorkspace, chunk_intra_fwd
+from gdn_graphs.ops.chunk_intra_gluon import chunk_intra_fwd_gluon, gluon_intra_supported
+from gdn_graphs.ops.common import ERR_META, ERR_TOKENS
+from gdn_graphs.ops.meta import chunk_meta
+from helpers import rel
+from test_chunk import make_inputs, plan
+
+
+def test_gluon_intra_not_taken_off_hopper(device):
+    """Off an sm_90 GPU (the CPU tier), for fp32 and fp16 inputs and for other head dims the Triton
+    kernel runs."""
+    q = make_inputs(8, 2, 4, 128, 128, torch.bfloat16, device)[0]
+    assert not gluon_intra_supported(q, 128) or torch.cuda.get_device_capability() == (9, 0)
+    assert not gluon_intra_supported(q.float(), 128) and not gluon_intra_supported(q.half(), 128)
+    assert not gluon_intra_supported(q[..., :64], 64)
+
+
+_COMPILE_SCRIPT = r"""
+import itertools
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from gdn_graphs.ops import chunk_intra_gluon as G
+from sm90_compile import ptxas_report
+
+fn = G._intra_gluon_kernel
+ints = {"T", "max_seqs", "max_chunks"}
+meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx"}
+for (HK, HV), dt, has_flag in itertools.product(((16, 32), (8, 16)), ("bf16", "fp16"), (False, True)):
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64, HAS_FLAG=has_flag)
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            continue
+        if name == "error_flag" and not has_flag:
+            sig[name], consts[name] = "constexpr", None
+            continue
+        sig[name] = ("i32" if name in ints or name.startswith("s_") else "fp32" if name == "scale"
+                     else "*i32" if name in meta or name == "error_flag"
+                     else "*fp32" if name in ("g_ws", "A_log", "dt_bias") else "*" + dt)
+        if sig[name].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                        options=dict(num_warps=4))
+    name = f"HV {HV} {dt} flag {has_flag}"
+    regs, spills = ptxas_report(ck)
+    ptx = ck.asm["ptx"]
+    print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)
+    # two CTAs an SM: 2 x 128 x regs of the 64 K registers and 2 x shared of 227 KB
+    assert int(regs[0]) <= 255 and ck.metadata.shared <= 113 * 1024, (name, regs, ck.metadata.shared)
+    assert ptx.count("wgmma.mma_async") == 48, (name, "K K^T, Q K^T (bf16) and the inverse's 4 tf32 products")
+    assert ("atom" in ptx) == has_flag, (name, "the flag's atomic")
+    assert max(spills) == 0, (name, "spills registers")
+"""
+
+
+def test_gluon_intra_compiles_for_sm90_without_spills():
+    """TP-1 and TP-2 heads, bf16 and fp16, with and without the error flag: the wgmma count, no
+    spills, registers and shared memory that leave room for two CTAs an SM. Needs no GPU (Triton's
+    ptxas)."""
+    import os
+
+    from sm90_compile import ptxas_path, run_script
+    if not os.path.exists(ptxas_path()):
+        pytest.skip("this triton has no bundled ptxas")
+    res = run_script(_COMPILE_SCRIPT)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU tier (an H100 / H200: sm_90)
+# ---------------------------------------------------------------------------------------------
+
+def _workspaces(gpu, seqs, HK, HV, pad, seed, edit=None, inputs_edit=None):
+    """The Triton and the Gluon kernel on the same batch (``edit`` may spoil its metadata,
+    ``inputs_edit`` change its inputs in place): each one's workspace, output buffer (NaN but for
+    what the kernel wrote) and error flag."""
+    T = sum(L for L, _ in seqs) + pad
+    inputs = make_inputs(T, HK, HV, 128, 128, torch.bfloat16, gpu, seed=seed)
+    if inputs_edit is not None:
+        inputs_edit(inputs)
+    q, k, v, a, b, A_log, dt_bias = inputs
+    reads, writes, ckpts = plan(seqs, 256, 4 * len(seqs) + 200, random.Random(seed))
+    meta = chunk_meta([L for L, _ in seqs], [n for _, n in seqs], reads, writes, ckpts, 256, device=gpu,
+                      max_seqs=len(seqs) + 2, max_chunks=sum(L // 64 + 2 for L, _ in seqs) + 3)
+    if edit is not None:
+        edit(meta)
+    res = []
+    for launch in (chunk_intra_fwd, chunk_intra_fwd_gluon):
+        ws = ChunkWorkspace(T, HV, 128, 128, torch.bfloat16, gpu, HK=HK)
+        for t in (ws.t, ws.p, ws.g, ws.qs, ws.kn):
+            t.fill_(float("nan"))
+        out = torch.full((T, HV, 128), float("nan"), dtype=torch.bfloat16, device=gpu)
+        flag = torch.zeros(1, dtype=torch.int32, device=gpu)
+        kw = dict(num_warps=4, dot_precision="tf32", inv_precision="tf32") if launch is chunk_intra_fwd else {}
+        launch(q, k, a, b, A_log, dt_bias, out, ws, meta, 128 ** -0.5, error_flag=flag, **kw)
+        torch.cuda.synchronize()
+        res.append((ws, out, int(flag.item())))
+    return res
+
+
+def _close(x, y, tol):
+    """Written in the same places (NaN where neither kernel wrote) and close where written."""
+    x, y = x.float(), y.float()
+    assert torch.equal(torch.isnan(x), torch.isnan(y))
+    m = ~torch.isnan(x)
+    return rel(y[m], x[m]) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("HK,HV", [(16, 32), (8, 16)])
+def test_gpu_gluon_intra_matches_triton_workspace(gpu, HK, HV):
+    """Mid-chunk starts, one-token and many-chunk spans, padding rows: the same entries written;
+    q, k, gc, P agree to their rounding and T' to the inverse's tf32 rounding; padding rows of
+    out zero in both, other rows untouched."""
+    seqs = [(1, 0), (63, 37), (200, 100), (700, 256), (333, 0), (2048, 0), (130, 5)]
+    (w1, o1, f1), (w2, o2, f2) = _workspaces(gpu, seqs, HK, HV, pad=100, seed=4)
+    assert f1 == f2 == 0
+    for name in ("qs", "kn", "g", "p"):
+        assert _close(getattr(w1, name), getattr(w2, name), 2e-3), name
+    assert _close(w1.t, w2.t, 5e-3)
+    assert torch.equal(torch.isnan(o1), torch.isnan(o2))
+    assert torch.count_nonzero(o2[-100:]) == 0
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_intra_bad_metadata_like_triton(gpu):
+    """Chunk entries naming no sequence or a chunk outside the span, a span past T and a live end
+    past T: the Triton kernel's error codes, and the entries it writes and skips."""
+    def spoil(meta):
+        meta.chunk_seq[1] = 50          # no such sequence
+        meta.chunk_idx[2] = 40          # past its span's chunks
+        meta.cu_seqlens[-1] = 10 ** 6   # live end past T
+    seqs = [(300, 0), (100, 37), (64, 64)]
+    (w1, o1, f1), (w2, o2, f2) = _workspaces(gpu, seqs, 8, 16, pad=30, seed=5, edit=spoil)
+    assert f1 == f2 == ERR_META | ERR_TOKENS
+    for name in ("qs", "kn", "g", "p", "t"):
+        assert _close(getattr(w1, name), getattr(w2, name), 5e-3), name
+    assert torch.equal(torch.isnan(o1), torch.isnan(o2))
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_intra_repeated_token_inverse(gpu):
+    """test_chunk's hard case for the inverse (one token repeated, beta ~ 1, no decay: (I + A)^-1
+    has entries of alternating sign that do not decay; the CPU tier checks the Triton kernel's
+    inverse there against the fp64 reference): this kernel's T' equals the Triton kernel's to the
+    last bits of tf32 at K = V = 128 with bf16 inputs."""
+    def repeat(inputs):
+        q, k, v, a, b = inputs[:5]
+        for t in (q, k, v):
+            t.copy_(t[:1].expand_as(t))
+        a.fill_(-30.0)  # softplus(-30 + dt_bias) ~ 1e-13: decay 1
+        b.fill_(12.0)   # beta = sigmoid(12) ~ 1
+    (w1, _, f1), (w2, _, f2) = _workspaces(gpu, [(300, 0), (150, 37)], 1, 2, pad=0, seed=9, inputs_edit=repeat)
+    assert f1 == f2 == 0
+    assert _close(w1.t, w2.t, 1e-4)
+    assert _close(w1.p, w2.p, 1e-6)

@@ -7,6 +7,8 @@
 #      bench_prefill --quick ours,fi TP 1/2
 #   3: the GPU tier's list A (engine, graphs, speculative decoding, vLLM slots, safety) and
 #      test_profile.py again (its ncu test now expects the Hopper intra kernel)
+#   4: probe_gluon_intra.py with the row steps on the Triton kernel's layout (mirror) and on a
+#      lane per column, D - N T as Triton forms it; the chunk files' GPU tests
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s27_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -54,6 +56,11 @@ case $n in
        tests/test_spec_lookahead.py tests/test_spec_placement.py tests/test_vllm_slots.py tests/test_gpu_safety.py \
        tests/test_profile.py
      grep -E "passed|failed|^FAILED|^ERROR" "$W/tier_a.log" | tail -8 ;;
+  4) part probe 120 env OUT="$W" python3 $D/probe_gluon_intra.py
+     part gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_chunk_intra_gluon.py \
+       tests/test_chunk.py tests/test_chunk_gluon.py
+     cat "$W/probe.log" | tail -30
+     grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gpu_tests.log" | tail -12 ;;
 esac
 tar -C "$W" -czf "$OUT/s27_$n.tgz" .
 printf '%s\n' "${summary[@]}"

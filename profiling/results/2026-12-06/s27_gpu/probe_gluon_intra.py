@@ -3,6 +3,10 @@ against the Triton one (chunk.chunk_intra_fwd), same batch, same workspace layou
 
     PYTHONPATH=. python3 profiling/results/2026-12-06/s27_gpu/probe_gluon_intra.py   # JSON to $OUT
 
+Call 4 ran it with ``mirror.patch`` applied (beside this file: the row steps on the Triton
+kernel's layout, ``chunk_intra_fwd_gluon(..., mirror=...)``); without the patch the ``glu_lane``
+column needs that argument removed.
+
 Numerics: per workspace field, the fraction of bit-equal entries and the relative error of the
 Gluon kernel's against the Triton kernel's. Speed: median ms (do_bench) of each kernel alone and of
 the whole library prefill (gdn_chunk_prefill, which now takes the Gluon kernel on sm_90), a state
@@ -55,20 +59,9 @@ def launchers(c):
     tri = lambda: chunk_intra_fwd(*args, wss[0], c["meta"], K ** -0.5, num_warps=4, dot_precision="tf32",
                                   inv_precision="tf32")
     glu = lambda: chunk_intra_fwd_gluon(*args, wss[1], c["meta"], K ** -0.5)
-    return tri, glu, wss, out
-
-
-def glu_maxnreg(c, wss, out, maxnreg):
-    """The Gluon kernel capped at ``maxnreg`` registers a thread (128: four CTAs an SM, a few
-    spills at compile time), launched as chunk_intra_fwd_gluon does."""
-    from gdn_graphs.constants import CHUNK
-    from gdn_graphs.ops.chunk_intra_gluon import _intra_gluon_kernel
-    m, ws, HK = c["meta"], wss[1], c["HK"]
-    return lambda: _intra_gluon_kernel[(max(m.max_chunks, 1) * HK,)](
-        c["q"], c["k"], c["a"], c["b"], c["A_log"], c["dt_bias"], out, ws.t, ws.p, ws.g, ws.qs, ws.kn,
-        m.cu_seqlens, m.start_pos, m.chunk_seq, m.chunk_idx, None, c["T"], m.max_seqs, m.max_chunks,
-        c["q"].stride(0), c["k"].stride(0), c["a"].stride(0), c["b"].stride(0), out.stride(0), K ** -0.5,
-        HK=HK, HV=c["HV"], K=K, V=V, BC=CHUNK, HAS_FLAG=False, num_warps=4, maxnreg=maxnreg)
+    # call 4: the row steps on the Triton kernel's layout (mirror, the default) or a lane per column
+    glu_lane = lambda: chunk_intra_fwd_gluon(*args, wss[1], c["meta"], K ** -0.5, mirror=False)
+    return tri, glu, wss, out, glu_lane
 
 
 def ms(fn):
@@ -82,10 +75,10 @@ def main():
     for HK, HV in ((16, 32), (8, 16)):
         c = case(8, 2048, HK, HV)
         assert gluon_intra_supported(c["q"], V)
-        tri, glu, wss, out = launchers(c)
+        tri, glu, wss, out, glu_lane = launchers(c)
         tri()
-        # (call 2 also ran a version with fewer registers, capped at 128: glu_maxnreg)
-        for variant, fn in (("gluon", glu),):
+        # (call 2 also ran the kernel capped at 128 registers, launched directly with maxnreg=128)
+        for variant, fn in (("gluon mirror", glu), ("gluon lane", glu_lane)):
             wss[1].t.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
@@ -97,22 +90,22 @@ def main():
                 REPORT["numerics"].append(d)
                 print(f"  TP{d['tp']} {variant} {name}: bit-equal {d['bits_equal']:.6f} ({d['differ']} differ) "
                       f"rel {d['rel']:.2e} nan {d['nan']}")
-    print(f"{'tp':>3} {'shape':>9} {'intra tri':>10} {'intra glu':>10} {'x':>6} {'prefill':>9} "
+    print(f"{'tp':>3} {'shape':>9} {'intra tri':>10} {'intra glu':>10} {'x':>6} {'glu lane':>9} {'prefill':>9} "
           f"{'seq kernel':>10}")
     for HK, HV in ((16, 32), (8, 16)):
         for nseq, L in ((1, 8192), (2, 4096), (8, 2048), (32, 512), (4, 16384)):
             c = case(nseq, L, HK, HV)
-            tri, glu, wss, out = launchers(c)
+            tri, glu, wss, out, glu_lane = launchers(c)
             cfg = chunk_config(nseq, torch.bfloat16, HV, gluon_seq_supported(c["v"], K))
             pre = lambda: gdn_chunk_prefill(c["q"], c["k"], c["v"], c["a"], c["b"], c["A_log"], c["dt_bias"],
                                             c["pool"], c["meta"], out=out, workspace=wss[0], config=cfg)
             d = dict(tp=1 if HV == 32 else 2, shape=f"{nseq}x{L}", T=c["T"], intra_triton=ms(tri),
-                     intra_gluon=ms(glu), prefill=ms(pre),
+                     intra_gluon=ms(glu), intra_gluon_lane=ms(glu_lane), prefill=ms(pre),
                      seq_kernel=cfg.seq_kernel)
             d["gain"] = d["intra_triton"] / d["intra_gluon"]
             REPORT["timings"].append(d)
             print(f"{d['tp']:>3} {d['shape']:>9} {d['intra_triton']:10.3f} {d['intra_gluon']:10.3f} "
-                  f"{d['gain']:6.2f} {d['prefill']:9.3f} {d['seq_kernel']:>10}")
+                  f"{d['gain']:6.2f} {d['intra_gluon_lane']:9.3f} {d['prefill']:9.3f} {d['seq_kernel']:>10}")
     with open(os.path.join(os.environ.get("OUT", "/tmp"), "probe_gluon_intra.json"), "w") as f:
         json.dump(REPORT, f, indent=1)
 

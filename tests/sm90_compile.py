@@ -18,14 +18,21 @@ def ptxas_path() -> str:
 
 
 def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: bool, num_warps: int,
-                 divisible=lambda name, ty: ty.startswith("*")):
-    """Compile ``fn`` (a JITFunction) for sm_90. consts: constexpr values (HAS_FLAG added where
-    fn has one; a missing error flag becomes a None constexpr); special: argument -> Triton
-    type; meta: int32 metadata pointers; ints / names starting "s_": i32 scalars; every other
-    argument a bf16 pointer. divisible(name, type): arguments the GPU launcher specialises on 16-divisibility."""
+                 divisible=lambda name, ty: ty.startswith("*"), default: str = "*bf16"):
+    """Compile ``fn`` (a Triton or Gluon JITFunction) for sm_90. consts: constexpr values
+    (HAS_FLAG added where fn has one; a missing error flag becomes a None constexpr); special:
+    argument -> Triton type; meta: int32 metadata pointers; ints / names starting "s_": i32
+    scalars; every other argument of type ``default`` (a bf16 pointer). divisible(name, type):
+    arguments the GPU launcher specialises on 16-divisibility."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+        if isinstance(fn, GluonJITFunction):
+            ASTSource = GluonASTSource  # noqa: N806 - the class that builds the IR
+    except ImportError:
+        pass
 
     consts = dict(consts, **({"HAS_FLAG": has_flag} if "HAS_FLAG" in fn.arg_names else {}))
     sig, attrs = {}, {}
@@ -44,7 +51,7 @@ def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: boo
         elif name in ints or name.startswith("s_"):
             sig[name] = "i32"
         else:
-            sig[name] = "*bf16"
+            sig[name] = default
         if divisible(name, sig[name]):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),

@@ -57,33 +57,17 @@ def test_gluon_refused_where_it_cannot_run(device):
 
 _COMPILE_SCRIPT = r"""
 import itertools
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
 from gdn_graphs.ops import chunk_gluon as G
-from sm90_compile import ptxas_report
+from sm90_compile import compile_sm90, ptxas_report
 
-fn = G._seq_gluon_kernel
-ints = {"T", "max_ckpts", "num_slots", "block_size", "s_vt", "s_ot", "s_slot"}
-meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots"}
-divisible = {"block_size", "s_vt", "s_ot", "s_slot"}  # what the launcher specialises on a GPU
+ints = ("T", "max_ckpts", "num_slots", "block_size")
+meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
+divisible = lambda name, ty: ty.startswith("*") or name.startswith("s_") or name == "block_size"  # the launcher's
 for (HK, HV), bv, round_state, has_flag in itertools.product(((16, 32), (8, 16)), (128, 64),
                                                              (False, True), (False, True)):
-    consts = dict(HK=HK, HV=HV, K=128, V=128, BV=bv, BC=64, ROUND_STATE=round_state, HAS_FLAG=has_flag)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
-        if name == "error_flag" and not has_flag:
-            sig[name], consts[name] = "constexpr", None
-            continue
-        sig[name] = ("i32" if name in ints else "*i32" if name in meta or name == "error_flag"
-                     else "*fp32" if name == "g_ws" or (name == "ssm" and not round_state) else "*bf16")
-        if sig[name].startswith("*") or name in divisible:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=bv // 16))
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BV=bv, BC=64, ROUND_STATE=round_state)
+    special = dict(g_ws="*fp32", **({} if round_state else dict(ssm="*fp32")))
+    ck = compile_sm90(G._seq_gluon_kernel, consts, special, meta, ints, has_flag, bv // 16, divisible)
     name = f"HV {HV} bv {bv} round {round_state} flag {has_flag}"
     regs, spills = ptxas_report(ck)
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)

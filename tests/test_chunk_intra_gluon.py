@@ -35,32 +35,15 @@ def test_gluon_intra_not_taken_off_hopper(device):
 
 _COMPILE_SCRIPT = r"""
 import itertools
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
 from gdn_graphs.ops import chunk_intra_gluon as G
-from sm90_compile import ptxas_report
+from sm90_compile import compile_sm90, ptxas_report
 
-fn = G._intra_gluon_kernel
-ints = {"T", "max_seqs", "max_chunks"}
-meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx"}
+meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "error_flag"}
+special = dict(scale="fp32", g_ws="*fp32", A_log="*fp32", dt_bias="*fp32")
 for (HK, HV), dt, has_flag in itertools.product(((16, 32), (8, 16)), ("bf16", "fp16"), (False, True)):
-    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64, HAS_FLAG=has_flag)
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            continue
-        if name == "error_flag" and not has_flag:
-            sig[name], consts[name] = "constexpr", None
-            continue
-        sig[name] = ("i32" if name in ints or name.startswith("s_") else "fp32" if name == "scale"
-                     else "*i32" if name in meta or name == "error_flag"
-                     else "*fp32" if name in ("g_ws", "A_log", "dt_bias") else "*" + dt)
-        if sig[name].startswith("*"):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                        options=dict(num_warps=4))
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64)
+    ck = compile_sm90(G._intra_gluon_kernel, consts, special, meta, ("T", "max_seqs", "max_chunks"),
+                      has_flag, 4, default="*" + dt)
     name = f"HV {HV} {dt} flag {has_flag}"
     regs, spills = ptxas_report(ck)
     ptx = ck.asm["ptx"]

@@ -177,6 +177,37 @@ def test_a_warm_up_on_other_layouts_misses_engine_variants(launches):
     assert not engine - set(launches)
 
 
+def _engine_keys_and_warm_up_keys(launches, name, steps, style):
+    """Run ``steps`` ((scheduled, computed) token counts per row) through an engine's planner and
+    core on a vLLM page layout, keep the compile keys of kernel ``name``'s launches, then run the
+    warm-up on one page: (the engine's keys, every key the warm-up launched, the names of every
+    kernel the engine launched)."""
+    dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
+    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096
+    w = torch.randn(C, W).to(dtype) * 0.5
+    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
+    max_reqs, max_tokens = 24, 500
+    ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
+    table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
+    _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
+    weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
+    planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
+    x_all, a_all, b_all = engine_inputs(max(sum(q) for q, _ in steps) + 8, style, dtype)
+    for q, n in steps:
+        T = sum(q) + 8
+        qsl = np.concatenate([[0], np.cumsum(q)])
+        step = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
+        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], weights, pools, step,
+                     torch.zeros(T, HV, V, dtype=dtype), ws)
+    engine = {key for key in launches if key[0] == name}
+    names = {key[0] for key in launches}
+    launches.clear()
+    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
+    assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
+                           like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs)
+    return engine, set(launches), names
+
+
 def test_gluon_route_needs_no_compile_the_warm_up_did_not_do(launches, monkeypatch):
     """Where the Gluon sequential kernel can run (Hopper, K = V = 128), steps of enough prefill
     rows launch it instead of the Triton one (chunk_config). The CPU cannot run it, so here the
@@ -192,37 +223,15 @@ def test_gluon_route_needs_no_compile_the_warm_up_did_not_do(launches, monkeypat
     monkeypatch.setattr(warmup, "GLUON_MIN_PAIRS", 8)
     monkeypatch.setattr(chunk_gluon, "_seq_gluon_kernel",
                         Recorder("_seq_gluon_kernel", chunk_gluon._seq_gluon_kernel, launches, run=False))
-    dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
-    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096
-    w = torch.randn(C, W).to(dtype) * 0.5
-    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
-    max_reqs, max_tokens = 24, 500
-    ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
-    table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
-    _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
-    weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
-    planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
     steps = [([1, 90, 40], [303, 0, 20]), ([70, 64, 3], [0, 256, 5]), ([30] * 9, [0] * 9),
              ([1, 1, 17, 200], [40, 41, 128, 0])]
-    x_all, a_all, b_all = engine_inputs(max(sum(q) for q, _ in steps) + 8, "qwen3_next", dtype)
-    for q, n in steps:
-        T = sum(q) + 8
-        qsl = np.concatenate([[0], np.cumsum(q)])
-        step = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
-        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], weights, pools, step,
-                     torch.zeros(T, HV, V, dtype=dtype), ws)
-    engine = {key for key in launches if key[0] == "_seq_gluon_kernel"}
+    engine, warm, _ = _engine_keys_and_warm_up_keys(launches, "_seq_gluon_kernel", steps, "qwen3_next")
     assert engine, "no step took the Gluon route"
-    launches.clear()
-    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
-    assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
-                           like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs)
-    missing = engine - set(launches)
-    assert not missing, f"Gluon launches the warm-up did not compile: {missing}"
+    assert not engine - warm, f"Gluon launches the warm-up did not compile: {engine - warm}"
 
 
 def test_gluon_intra_needs_no_compile_the_warm_up_did_not_do(launches, monkeypatch):
-    """Where the Gluon chunk-parallel kernel can run (Hopper, 16-bit inputs, K = V = 128) every
+    """Where the Gluon chunk-parallel kernel can run (Hopper, bf16 inputs, K = V = 128) every
     prefill step launches it instead of the Triton one. Forced open here at small dims and only
     recorded (the CPU cannot run it): the engine's keys must be among the warm-up's."""
     from gdn_graphs.ops import chunk_intra_gluon
@@ -230,30 +239,8 @@ def test_gluon_intra_needs_no_compile_the_warm_up_did_not_do(launches, monkeypat
     monkeypatch.setattr(chunk_intra_gluon, "_intra_gluon_kernel",
                         Recorder("_intra_gluon_kernel", chunk_intra_gluon._intra_gluon_kernel, launches,
                                  run=False))
-    dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
-    page = (W - 1) * C * 2 + HV * V * K * 4 + 4096
-    w = torch.randn(C, W).to(dtype) * 0.5
-    A_log, dt_bias = torch.rand(HV), torch.randn(HV).to(dtype)
-    max_reqs, max_tokens = 24, 500
-    ws = ChunkWorkspace(max_tokens, HV, K, V, dtype, "cpu", HK=HK)
-    table = torch.arange(1, 1 + max_reqs * 12, dtype=torch.int32).view(max_reqs, 12)
-    _, conv_p, ssm_p = cache_views(int(table.max()) + 1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)
-    weights, pools = GDNWeights(w, None, A_log, dt_bias), GDNPools(conv_p, ssm_p)
-    planner = DeviceTablePlanner(max_reqs, max_tokens, B, table.stride(0), table.shape[1])
     steps = [([1, 90, 40], [303, 0, 20]), ([70, 64, 3], [0, 256, 5]), ([1, 1, 17, 200], [40, 41, 128, 0])]
-    x_all, a_all, b_all = engine_inputs(max(sum(q) for q, _ in steps) + 8, "qwen3_5", dtype)
-    for q, n in steps:
-        T = sum(q) + 8
-        qsl = np.concatenate([[0], np.cumsum(q)])
-        step = planner.plan(qsl, np.array(n), table[:len(q)], pad_decodes_to=len(q))
-        run_gdn_core(x_all[:T], a_all[:T], b_all[:T], weights, pools, step,
-                     torch.zeros(T, HV, V, dtype=dtype), ws)
-    engine = {key for key in launches if key[0] == "_intra_gluon_kernel"}
+    engine, warm, names = _engine_keys_and_warm_up_keys(launches, "_intra_gluon_kernel", steps, "qwen3_5")
     assert engine, "no step took the Gluon intra route"
-    assert not any(key[0] == "_chunk_intra_kernel" for key in launches), "a step took Triton's intra kernel"
-    launches.clear()
-    one_page = GDNPools(*cache_views(1, C, W, HV, V, K, dtype, state_dtype, page_bytes=page)[1:])
-    assert warm_up_kernels(HK, HV, K, V, w, A_log, dt_bias, dtype, state_dtype, ws,
-                           like=(x_all, a_all, b_all), pools=one_page, max_decode_rows=max_reqs)
-    missing = engine - set(launches)
-    assert not missing, f"Gluon intra launches the warm-up did not compile: {missing}"
+    assert "_chunk_intra_kernel" not in names, "a step took Triton's intra kernel"
+    assert not engine - warm, f"Gluon intra launches the warm-up did not compile: {engine - warm}"

@@ -38,7 +38,8 @@ import functools
 import torch
 
 from gdn_graphs.constants import CHUNK
-from gdn_graphs.ops.common import ERR_META, ERR_SLOT, ERR_TOKENS, MAX_POS, interpreting
+from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, bad_slot, clip_pos, clip_span,
+                                   interpreting, report, slot_ok)
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import ChunkWorkspace
 
@@ -75,16 +76,6 @@ def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
 
 
 if HAS_GLUON:
-    _ERR_SLOT, _ERR_TOKENS, _ERR_META = gl.constexpr(ERR_SLOT), gl.constexpr(ERR_TOKENS), gl.constexpr(ERR_META)
-    _MAX_POS = gl.constexpr(MAX_POS)
-
-    @gluon.jit
-    def _report(error_flag, bad, CODE: gl.constexpr, HAS_FLAG: gl.constexpr):
-        """common.report: OR CODE into error_flag[0] when ``bad`` holds (relaxed, bad path only)."""
-        if HAS_FLAG:
-            if bad:
-                gl.atomic_or(error_flag, CODE, sem="relaxed")
-
     @gluon.jit
     def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
                      bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
@@ -149,17 +140,14 @@ if HAS_GLUON:
         i_n = gl.program_id(1)
         i_hk = i_h // G
 
-        # the repairs of _chunk_seq_kernel (common.clip_span, clip_pos, the checkpoint range)
-        bos0 = gl.load(cu_seqlens + i_n)
-        eos0 = gl.load(cu_seqlens + i_n + 1)
-        bos = gl.minimum(gl.maximum(bos0, 0), T)
-        eos = gl.minimum(gl.maximum(eos0, bos), T)
-        _report(error_flag, (bos != bos0) | (eos != eos0), _ERR_TOKENS, HAS_FLAG)
+        # the repairs of _chunk_seq_kernel, with common.py's helpers (Gluon calls @triton.jit
+        # scalar functions)
+        bos, eos, clipped = clip_span(gl.load(cu_seqlens + i_n), gl.load(cu_seqlens + i_n + 1), T)
+        report(error_flag, clipped, ERR_TOKENS_C, HAS_FLAG)
         if eos <= bos:
             return
-        p0 = gl.load(start_pos + i_n)
-        n0 = gl.minimum(gl.maximum(p0, 0), _MAX_POS - 1)
-        _report(error_flag, n0 != p0, _ERR_TOKENS, HAS_FLAG)
+        n0, moved = clip_pos(gl.load(start_pos + i_n))
+        report(error_flag, moved, ERR_TOKENS_C, HAS_FLAG)
         n_end = n0 + (eos - bos)
         off = n0 % BC
         c0 = n0 // BC
@@ -167,8 +155,8 @@ if HAS_GLUON:
         first_blk = n0 // block_size
         ck00 = gl.load(ckpt_offsets + i_n)
         ck0 = gl.minimum(gl.maximum(ck00, 0), max_ckpts)
-        _report(error_flag, (ck0 != ck00) | (ck0 + (n_end - 1) // block_size - first_blk > max_ckpts),
-                _ERR_META, HAS_FLAG)
+        report(error_flag, (ck0 != ck00) | (ck0 + (n_end - 1) // block_size - first_blk > max_ckpts),
+                ERR_META_C, HAS_FLAG)
 
         # register layouts: wgmma accumulators [BV, K] and [BV, 64] (a warp group per 64 rows),
         # their A-operand forms, and coalesced layouts for the cp.async tiles
@@ -195,10 +183,10 @@ if HAS_GLUON:
         ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
         p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
         r_slot = gl.load(read_slot + i_n)
-        r_ok = (r_slot >= 0) & (r_slot < num_slots)  # only pool slots are dereferenced
+        r_ok = slot_ok(r_slot, num_slots)  # only pool slots are dereferenced
         S = gl.load(ssm + gl.where(r_ok, r_slot, 0).to(gl.int64) * s_slot + p_state,
                     mask=r_ok & (rv[:, None] < V), other=0.).to(gl.float32)
-        _report(error_flag, (r_slot < -1) | (r_slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+        report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
         ct = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))   # token of the chunk, as a column
         ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))   # token of the chunk, as a row
@@ -253,15 +241,15 @@ if HAS_GLUON:
             if at_block & (p_end < n_end):
                 i_e = ck0 + (p_end // block_size - first_blk - 1)
                 slot = gl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
-                if (slot >= 0) & (slot < num_slots):
+                if slot_ok(slot, num_slots):
                     gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
-                _report(error_flag, (slot < -1) | (slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+                report(error_flag, bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
         async_copy.wait_group(0)
         w_slot = gl.load(write_slot + i_n)
-        if (w_slot >= 0) & (w_slot < num_slots):
+        if slot_ok(w_slot, num_slots):
             gl.store(ssm + w_slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
-        _report(error_flag, (w_slot < -1) | (w_slot >= num_slots), _ERR_SLOT, HAS_FLAG)
+        report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
 
 def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 128,

@@ -36,8 +36,8 @@ import torch
 
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.chunk_gluon import _is_sm90
-from gdn_graphs.ops.common import (ERR_META, ERR_TOKENS, clip_pos, clip_span, gdn_gate, interpreting,
-                                   span_chunks)
+from gdn_graphs.ops.common import (ERR_META_C, ERR_TOKENS_C, clip_pos, clip_span, gdn_gate, interpreting,
+                                   report, span_chunks)
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import ChunkWorkspace
 
@@ -66,15 +66,6 @@ def gluon_intra_supported(q: torch.Tensor, V: int) -> bool:
 
 
 if HAS_GLUON:
-    _ERR_TOKENS, _ERR_META = gl.constexpr(ERR_TOKENS), gl.constexpr(ERR_META)
-
-    @gluon.jit
-    def _report(error_flag, bad, CODE: gl.constexpr, HAS_FLAG: gl.constexpr):
-        """common.report: OR CODE into error_flag[0] when ``bad`` holds (relaxed, bad path only)."""
-        if HAS_FLAG:
-            if bad:
-                gl.atomic_or(error_flag, CODE, sem="relaxed")
-
     @gluon.jit
     def _add(x, y):
         return x + y
@@ -148,7 +139,7 @@ if HAS_GLUON:
         # this key head with a grid-stride loop (_chunk_intra_kernel's, the same repair)
         t_live0 = gl.load(cu_seqlens + max_seqs)
         t_live = gl.minimum(gl.maximum(t_live0, 0), T)
-        _report(error_flag, (pid == 0) & (t_live != t_live0), _ERR_TOKENS, HAS_FLAG)
+        report(error_flag, (pid == 0) & (t_live != t_live0), ERR_TOKENS_C, HAS_FLAG)
         n_pad = gl.cdiv(T - t_live, BC)
         zeros_o = gl.zeros([BC, V], out.dtype.element_ty, LD)
         tile = i_c
@@ -162,15 +153,15 @@ if HAS_GLUON:
         if i_c >= max_chunks:
             return
         i_n = gl.load(chunk_seq + i_c)
-        _report(error_flag, (i_n < -1) | (i_n >= max_seqs), _ERR_META, HAS_FLAG)
+        report(error_flag, (i_n < -1) | (i_n >= max_seqs), ERR_META_C, HAS_FLAG)
         if (i_n < 0) | (i_n >= max_seqs):
             return
         i_j = gl.load(chunk_idx + i_c)
         bos, eos, clipped = clip_span(gl.load(cu_seqlens + i_n), gl.load(cu_seqlens + i_n + 1), T)
         n, moved = clip_pos(gl.load(start_pos + i_n))
         bad_j = (i_j < 0) | (i_j >= span_chunks(n, eos - bos, BC))
-        _report(error_flag, clipped | moved, _ERR_TOKENS, HAS_FLAG)
-        _report(error_flag, bad_j, _ERR_META, HAS_FLAG)
+        report(error_flag, clipped | moved, ERR_TOKENS_C, HAS_FLAG)
+        report(error_flag, bad_j, ERR_META_C, HAS_FLAG)
         if bad_j:
             return
         off = n % BC

@@ -17,7 +17,7 @@ schedule of the in-chunk inverse.
     blocks by T = D - (D A_o) T, three sweeps, as tf32 wgmma.
 
 Why it exists: the intra kernel is more than half of our prefill with several sequences, and its
-row steps were ~23% of it. On an H100 this kernel ran 1.13-1.18x the Triton one at TP 1 and 2,
+row steps were ~23% of it. On an H100 this kernel ran 1.18-1.23x the Triton one at TP 1 and 2,
 one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop). A version
 with fewer registers (161: three CTAs an SM; every head's P first, D read back from shared memory)
 ran no faster than Triton's.
@@ -196,7 +196,10 @@ if HAS_GLUON:
         r1 = gl.arange(0, BC, layout=L1)
         row1 = (cs + r1).to(gl.int64)
         m1 = r1 < n_t
-        a_s = gl.allocate_shared_memory(gl.float32, [BC, BC], PLAIN2)     # A, then D
+        # A, then D, swizzled: 16-byte units XOR the row, so that the wgmma layout's 8-byte stores
+        # and loads (a warp's 8 rows x 4 column pairs) take two wavefronts, not 8 (unswizzled
+        # every row starts on bank 0: ncu counted 3-4-way conflicts over the kernel, call 5)
+        a_s = gl.allocate_shared_memory(gl.float32, [BC, BC], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
         ad_s = gl.allocate_shared_memory(gl.float32, [BC, 16], PLAIN2)    # A's diagonal blocks, then D's
         ad3_s = ad_s._reinterpret(gl.float32, [4, 16, 16], PLAIN3)      # the same, as [block, row, col]
         f0_s = gl.allocate_shared_memory(gl.float32, [BC, BC], SHF)       # tf32 wgmma operands

@@ -9,6 +9,10 @@
 #      test_profile.py again (its ncu test now expects the Hopper intra kernel)
 #   4: probe_gluon_intra.py with the row steps on the Triton kernel's layout (mirror) and on a
 #      lane per column, D - N T as Triton forms it; the chunk files' GPU tests
+#   5: ncu --set full on one launch each of the Triton and Gluon intra kernels and the Gluon seq
+#      kernel at TP-1 8 x 2048 (ncu_intra.py)
+#   6: probe_gluon_intra.py and the chunk files' GPU tests with a_s swizzled (bank conflicts)
+#   7: bench_prefill --quick ours,fi TP 1/2 on that kernel
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s27_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -61,6 +65,20 @@ case $n in
        tests/test_chunk.py tests/test_chunk_gluon.py
      cat "$W/probe.log" | tail -30
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gpu_tests.log" | tail -12 ;;
+  7) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1
+     part bench_prefill 200 env PYTHONPATH=$PYTHONPATH:$FI python3 profiling/bench_prefill.py --out "$W" --quick \
+       --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
+     grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
+  6) part probe 120 env OUT="$W" python3 $D/probe_gluon_intra.py
+     part gpu_tests 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_chunk_intra_gluon.py \
+       tests/test_chunk.py tests/test_chunk_gluon.py
+     cat "$W/probe.log" | tail -20
+     grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gpu_tests.log" | tail -12 ;;
+  5) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+     part ncu 400 "$NCU" --profile-from-start off --set full --target-processes all -o "$W/intra" -f \
+       python3 $D/ncu_intra.py
+     part ncu_print 100 "$NCU" --import "$W/intra.ncu-rep" --print-summary none --page details
+     grep -E "^  [_a-z]|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible|One or More|Warp Cycles Per Issued|Active Warps Per|Eligible Warps|L1/TEX Hit|Mem Busy|Max Bandwidth|Shared Memory Configuration Size|Dynamic Shared|Stall|stall" "$W/ncu_print.log" | head -150 ;;
 esac
 tar -C "$W" -czf "$OUT/s27_$n.tgz" .
 printf '%s\n' "${summary[@]}"

@@ -4,8 +4,8 @@ against the Triton one (chunk.chunk_intra_fwd), same batch, same workspace layou
     PYTHONPATH=. python3 profiling/results/2026-12-06/s27_gpu/probe_gluon_intra.py   # JSON to $OUT
 
 Call 4 ran it with ``mirror.patch`` applied (beside this file: the row steps on the Triton
-kernel's layout, ``chunk_intra_fwd_gluon(..., mirror=...)``); without the patch the ``glu_lane``
-column needs that argument removed.
+kernel's layout, ``chunk_intra_fwd_gluon(..., mirror=...)``), which adds the lane-layout column;
+without the patch the library's kernel is the only Gluon column.
 
 Numerics: per workspace field, the fraction of bit-equal entries and the relative error of the
 Gluon kernel's against the Triton kernel's. Speed: median ms (do_bench) of each kernel alone and of
@@ -13,6 +13,7 @@ the whole library prefill (gdn_chunk_prefill, which now takes the Gluon kernel o
 every 256 tokens into pool slots, bf16 inputs, fp32 pool, HV 32 / HK 16 (TP 1) and 16 / 8 (TP 2).
 """
 
+import inspect
 import json
 import os
 
@@ -28,6 +29,7 @@ from gdn_graphs.ops.workspace import ChunkWorkspace, chunk_config
 K = V = 128
 DEV = "cuda"
 REPORT = {"device": torch.cuda.get_device_name(), "numerics": [], "timings": []}
+MIRROR_PATCH = "mirror" in inspect.signature(chunk_intra_fwd_gluon).parameters
 
 
 def case(nseq, L, HK, HV, seed=0):
@@ -61,7 +63,7 @@ def launchers(c):
     glu = lambda: chunk_intra_fwd_gluon(*args, wss[1], c["meta"], K ** -0.5)
     # call 4: the row steps on the Triton kernel's layout (mirror, the default) or a lane per column
     glu_lane = lambda: chunk_intra_fwd_gluon(*args, wss[1], c["meta"], K ** -0.5, mirror=False)
-    return tri, glu, wss, out, glu_lane
+    return tri, glu, wss, out, (glu_lane if MIRROR_PATCH else glu)
 
 
 def ms(fn):
@@ -78,7 +80,7 @@ def main():
         tri, glu, wss, out, glu_lane = launchers(c)
         tri()
         # (call 2 also ran the kernel capped at 128 registers, launched directly with maxnreg=128)
-        for variant, fn in (("gluon mirror", glu), ("gluon lane", glu_lane)):
+        for variant, fn in ((("gluon mirror", glu), ("gluon lane", glu_lane)) if MIRROR_PATCH else (("gluon", glu),)):
             wss[1].t.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()

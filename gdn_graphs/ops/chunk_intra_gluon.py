@@ -25,7 +25,9 @@ ran no faster than Triton's.
 q, k, gc and P are the Triton kernel's bits; the row steps sum in another order, so a few T'
 entries differ in their last bit (30 of 33.5 M at TP-1 8 x 2048 on an H100). So an engine uses one
 of the two for every step (README "Conventions"), which ``gluon_intra_supported`` decides from
-facts of the model and the device only.
+facts of the model and the device only. (On the layout Triton picks for the row steps this kernel
+gives the Triton kernel's bits exactly, 1.03-1.08x its speed: profiling/results/2026-12-06/
+s27_gpu/mirror.patch.)
 Triton's interpreter cannot run Gluon: the CPU tier compiles this kernel for sm_90, the GPU tier
 compares it with the Triton kernel within the inverse's tf32 tolerance and checks warm == cold on it.
 """

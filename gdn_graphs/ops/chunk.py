@@ -19,7 +19,7 @@ Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs e
     state into the write slot. The same program reads the initial state before it writes any
     slot, so a checkpoint or write slot may equal the read slot.
 
-On Hopper (sm_90) with 16-bit inputs and K = V = 128 the first kernel's job is done by
+On Hopper (sm_90) with bf16 inputs and K = V = 128 the first kernel's job is done by
 ``chunk_intra_gluon._intra_gluon_kernel`` for every step (chunk_intra_fwd_for): the same workspace,
 the inverse's last bits aside; the second may be ``chunk_gluon``'s, which gives its bits exactly.
 
@@ -484,7 +484,7 @@ def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
 def chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
                         cfg: ChunkConfig, dot_precision: str, inv_precision: str, error_flag=None):
     """The chunk-parallel kernel this model and device take for every step (no checks; see
-    gdn_chunk_prefill): the Gluon one where ``gluon_intra_supported`` (Hopper, 16-bit inputs,
+    gdn_chunk_prefill): the Gluon one where ``gluon_intra_supported`` (Hopper, bf16 inputs,
     K = V = 128), else Triton's with ``cfg``'s warps. The two differ in T''s last bits, so the
     choice rests only on facts that do not change between an engine's steps (README "Conventions")."""
     if gluon_intra_supported(q, ws.V):

@@ -27,10 +27,11 @@ def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: boo
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    source = ASTSource  # the class that builds the IR: Gluon's for a Gluon kernel
     try:
         from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
         if isinstance(fn, GluonJITFunction):
-            ASTSource = GluonASTSource  # noqa: N806 - the class that builds the IR
+            source = GluonASTSource
     except ImportError:
         pass
 
@@ -54,7 +55,7 @@ def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: boo
             sig[name] = default
         if divisible(name, sig[name]):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=num_warps))
 
 

@@ -14,11 +14,14 @@ schedule of the in-chunk inverse.
     block and each lane one column, so that a row step is 16 fused multiply-adds in the lane's
     registers with the block's row broadcast from shared memory (the Triton kernel's row steps
     reduce across lanes and move each new row through shared memory); then the off-diagonal
-    blocks by T = D - (D A_o) T, three sweeps, as tf32 wgmma.
+    blocks by T = D - (D A_o) T, three sweeps, as tf32 wgmma, run transposed (T^T = D^T +
+    T^T (-N)^T: T^T the A operand from registers, (-N)^T read from N stored once, row-major), so
+    no sweep stores its result to shared memory.
 
 Why it exists: the intra kernel is more than half of our prefill with several sequences, and its
 row steps were ~23% of it. On an H100 this kernel ran 1.18-1.23x the Triton one at TP 1 and 2,
-one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop). A version
+one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop); the
+transposed sweeps gave the same bits at 0.98-1.04x that speed (twenty-eighth stop). A version
 with fewer registers (161: three CTAs an SM; every head's P first, D read back from shared memory)
 ran no faster than Triton's.
 
@@ -128,6 +131,8 @@ if HAS_GLUON:
         L64F: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BC, 8])
         L3: gl.constexpr = gl.BlockedLayout([1, 16, 1], [1, 1, 32], [4, 1, 1], [1, 2, 0])
         LB: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])
+        LO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-bit rows of 64: 128 bytes a row
+        DOTA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64F, k_width=1)  # tf32 A from registers
         PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         DT: gl.constexpr = qs_ws.dtype.element_ty
@@ -194,6 +199,10 @@ if HAS_GLUON:
         cc = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))
         row64 = (cs + rr).to(gl.int64)
         m64 = rr < n_t
+        ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LO))
+        co = gl.arange(0, BC, layout=gl.SliceLayout(0, LO))
+        rowo = (cs + ro).to(gl.int64)
+        mo = ro < n_t
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         r1 = gl.arange(0, BC, layout=L1)
         row1 = (cs + r1).to(gl.int64)
@@ -238,27 +247,34 @@ if HAS_GLUON:
                 a_s.slice(16 * blk, 16, 1).store(gl.where((rb // 16 == blk)[:, None], Dst, 0.))
             gl.thread_barrier()
             D = a_s.load(L64F)  # (the tf32 wgmma's accumulator layout: the same registers as L64's)
-            # the off-diagonal blocks: T = D - (D A_o) T, exact after three sweeps. tf32 wgmma
-            # reads both operands K-major: a B operand X is stored as X^T
+            Dt = a_s.permute((1, 0)).load(L64F)
+            # the off-diagonal blocks: T = D - (D A_o) T, exact after three sweeps, run transposed,
+            # T^T = D^T + T^T (-N)^T with N = D A_o: T^T stays in registers as the A operand, and
+            # the B operands are stored once, row-major (tf32 wgmma reads both operands K-major: B
+            # = X needs X^T in memory, so A_o^T is built in registers, K K^T being symmetric)
             f0_s.store(D)
-            f1_s.store(gl.permute(gl.where((rr // 16)[:, None] > (cc // 16)[None, :], A, 0.), (1, 0)))
+            gr = gl.convert_layout(gc1, gl.SliceLayout(1, L64))
+            gcol = gl.convert_layout(gc1, gl.SliceLayout(0, L64))
+            betac = gl.convert_layout(beta1, gl.SliceLayout(0, L64))
+            o_blk = (cc // 16)[None, :] > (rr // 16)[:, None]  # A_o^T[s, t] = A[t, s], block(t) > block(s)
+            f1_s.store(gl.where(o_blk, gl.exp(gl.where(o_blk, gcol[None, :] - gr[:, None], 0.)) * KK * betac[None, :], 0.))
             fence_async_shared()
             gl.thread_barrier()
             N = warpgroup_mma(f0_s, f1_s.permute((1, 0)), gl.zeros([BC, BC], gl.float32, L64F))
             gl.thread_barrier()
             f0_s.store(-N)
-            Tm = D
+            fence_async_shared()
+            gl.thread_barrier()
+            Tt = Dt
             for _ in gl.static_range(3):
-                f1_s.store(gl.permute(Tm, (1, 0)))
-                fence_async_shared()
-                gl.thread_barrier()
-                Tm = warpgroup_mma(f0_s, f1_s.permute((1, 0)), D)
-                gl.thread_barrier()
-            # T' = T diag(beta)
-            Tm = gl.convert_layout(Tm, L64)
-            betac = gl.convert_layout(beta1, gl.SliceLayout(0, L64))
-            gl.store(t_ws + row64[:, None] * (HV * BC) + i_h * BC + cc[None, :],
-                     (Tm * betac[None, :]).to(t_ws.dtype.element_ty), mask=m64[:, None])
+                Tt = warpgroup_mma(gl.convert_layout(Tt, DOTA), f0_s.permute((1, 0)), Dt)
+            # T' = T diag(beta): T^T's registers transposed, so out through a layout whose stores
+            # run along T' rows (P, stored straight from the wgmma layout, ran as fast as through
+            # this one: s28_gpu/probe_intra.py)
+            betar = gl.convert_layout(beta1, gl.SliceLayout(1, L64F))
+            Tq = gl.permute((Tt * betar[:, None]).to(t_ws.dtype.element_ty), (1, 0))
+            gl.store(t_ws + rowo[:, None] * (HV * BC) + i_h * BC + co[None, :], gl.convert_layout(Tq, LO),
+                     mask=mo[:, None])
 
 
 def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta,

@@ -9,6 +9,7 @@
 #   3: the FlashInfer tests, bench_prefill --quick ours,fi TP 1/2 again (FI's times moved from s27's)
 #   4: on the committed kernel (P stored straight, call 1's new_pdirect): probe_intra.py and the
 #      chunk files' GPU tests (call 1's tier B ran the variant with P through the coalesced layout)
+#   5: fi_timing.py: FlashInfer's prefill and ours, eager / in a CUDA graph / host time per call
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s28_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -55,6 +56,9 @@ case $n in
        tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py tests/test_chunk.py
      tail -10 "$W/probe.log"
      grep -E "passed|failed|^FAILED|^ERROR" "$W/gpu_tests.log" | tail -8 ;;
+  5) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1
+     part fi_timing 400 env OUT="$W" PYTHONPATH=$PYTHONPATH:$FI python3 $D/fi_timing.py
+     cat "$W/fi_timing.log" | grep -v Warn | tail -24 ;;
 esac
 tar -C "$W" -czf "$OUT/s28_$n.tgz" .
 printf '%s\n' "${summary[@]}"

@@ -1,7 +1,7 @@
 """GPU probe (twenty-eighth stop): the Gluon chunk-parallel kernel with the inverse's sweeps run
 transposed (T^T in registers as the tf32 A operand, no transposed shared-memory stores) and P / T'
-stored through a coalesced layout, against the twenty-seventh stop's (``intra_gluon_s27.py`` beside
-this file, main at eff3ad0), a variant storing P straight from the wgmma layout (generated from the
+stored through a coalesced layout, against the twenty-seventh stop's (main at eff3ad0, read with
+``git show``; the calls ran a copy of that file kept beside this one, removed since), a variant storing P straight from the wgmma layout (generated from the
 library's source), and the Triton kernel.
 
     PYTHONPATH=. python3 profiling/results/2026-12-06/s28_gpu/probe_intra.py   # JSON to $OUT
@@ -15,6 +15,7 @@ library prefill (a state every 256 tokens into pool slots), bf16 inputs, HV 32 /
 import importlib.util
 import json
 import os
+import subprocess
 
 import torch
 import triton
@@ -27,7 +28,6 @@ from gdn_graphs.ops.workspace import ChunkWorkspace, chunk_config
 
 K = V = 128
 DEV = "cuda"
-HERE = os.path.dirname(os.path.abspath(__file__))
 REPORT = {"device": torch.cuda.get_device_name(), "numerics": [], "timings": []}
 
 
@@ -54,7 +54,15 @@ def pdirect_variant():
     return load(path, "intra_gluon_pdirect")
 
 
-VARIANTS = {"s27": load(os.path.join(HERE, "intra_gluon_s27.py"), "intra_gluon_s27"), "new": NEW,
+def s27_kernel():
+    path = "/tmp/intra_gluon_s27.py"
+    with open(path, "w") as f:
+        f.write(subprocess.run(["git", "show", "eff3ad0:gdn_graphs/ops/chunk_intra_gluon.py"], check=True,
+                               capture_output=True, text=True).stdout)
+    return load(path, "intra_gluon_s27")
+
+
+VARIANTS = {"s27": s27_kernel(), "new": NEW,
             "new_pdirect": pdirect_variant()}
 
 

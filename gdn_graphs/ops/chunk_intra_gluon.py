@@ -93,8 +93,9 @@ if HAS_GLUON:
     def _gates(a, b, A_log, dt_bias, i_h, row1, m1, s_at, s_bt, L1: gl.constexpr, L64: gl.constexpr):
         """Value head i_h's gates on a chunk's rows, as chunk.py's _intra_gates (invalid rows: g = 0,
         beta = 0, so they change nothing): gc = cumsum(g) and beta in L1, and the decay
-        exp(gc_t - gc_s) (s <= t, else 0) in L64. (The scan runs in a 1-D layout: Gluon's scan does
-        not take a slice of the wgmma layout.)"""
+        exp(gc_t - gc_s) (s <= t, else 0) in L64, with gc as L64's rows and columns (for the
+        transposed decay the sweeps need). (The scan runs in a 1-D layout: Gluon's scan does not
+        take a slice of the wgmma layout.)"""
         ga = gl.load(a + row1 * s_at + i_h, mask=m1, other=0.).to(gl.float32)
         gb = gl.load(b + row1 * s_bt + i_h, mask=m1, other=0.).to(gl.float32)
         neg_A = -gl.exp(gl.load(A_log + i_h).to(gl.float32))
@@ -106,7 +107,7 @@ if HAS_GLUON:
         cc = gl.arange(0, gr.shape[0], layout=gl.SliceLayout(0, L64))
         le = cc[None, :] <= rr[:, None]
         dec = gl.where(le, gl.exp(gl.where(le, gr[:, None] - gcol[None, :], 0.)), 0.)
-        return gc, gl.where(m1, beta, 0.), dec
+        return gc, gl.where(m1, beta, 0.), dec, gr, gcol
 
     @gluon.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
     def _intra_gluon_kernel(q, k, a, b, A_log, dt_bias, out, t_ws, p_ws, g_ws, qs_ws, kn_ws,
@@ -223,7 +224,7 @@ if HAS_GLUON:
         # ran 1.2x slower on an H100)
         for jh in range(G):
             i_h = i_hk * G + jh
-            gc1, beta1, dec = _gates(a, b, A_log, dt_bias, i_h, row1, m1, s_at, s_bt, L1, L64)
+            gc1, beta1, dec, gr, gcol = _gates(a, b, A_log, dt_bias, i_h, row1, m1, s_at, s_bt, L1, L64)
             gl.store(g_ws + row1 * HV + i_h, gc1, mask=m1)
             gl.store(p_ws + row64[:, None] * (HV * BC) + i_h * BC + cc[None, :], (dec * QK).to(p_ws.dtype.element_ty),
                      mask=m64[:, None])
@@ -253,8 +254,6 @@ if HAS_GLUON:
             # the B operands are stored once, row-major (tf32 wgmma reads both operands K-major: B
             # = X needs X^T in memory, so A_o^T is built in registers, K K^T being symmetric)
             f0_s.store(D)
-            gr = gl.convert_layout(gc1, gl.SliceLayout(1, L64))
-            gcol = gl.convert_layout(gc1, gl.SliceLayout(0, L64))
             betac = gl.convert_layout(beta1, gl.SliceLayout(0, L64))
             o_blk = (cc // 16)[None, :] > (rr // 16)[:, None]  # A_o^T[s, t] = A[t, s], block(t) > block(s)
             f1_s.store(gl.where(o_blk, gl.exp(gl.where(o_blk, gcol[None, :] - gr[:, None], 0.)) * KK * betac[None, :], 0.))

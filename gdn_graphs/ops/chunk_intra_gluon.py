@@ -3,41 +3,47 @@
 schedule of the in-chunk inverse.
 
 ``_intra_gluon_kernel`` (one CTA of one warp group per (chunk, key head))
-    q and k rows are loaded, l2-normalised in fp32 (q times the scale), rounded to the input dtype,
-    stored to the workspace and kept in shared memory for two bf16 wgmma: K K^T and Q K^T. Then
-    for each value head of the key head, as ``_chunk_intra_kernel``:
+    Every global load first (q and k rows, each value head's a and b rows); q and k are
+    l2-normalised in fp32 (q times the scale), rounded to the input dtype, stored to the
+    workspace and kept in shared memory for two wgmma: K K^T and Q K^T. Then for each value head
+    of the key head, as ``_chunk_intra_kernel``:
         gc = cumsum(g),  dec[t, s] = exp(gc_t - gc_s) (s <= t)       -> g_ws
         P  = dec * Q K^T                                               -> p_ws
         A  = dec * K K^T * beta_t   (s < t)
         T' = (I + A)^-1 diag(beta)                                     -> t_ws
-    The inverse: the four 16 x 16 diagonal blocks by forward substitution, each warp owning one
-    block and each lane one column, so that a row step is 16 fused multiply-adds in the lane's
-    registers with the block's row broadcast from shared memory (the Triton kernel's row steps
-    reduce across lanes and move each new row through shared memory); then the off-diagonal
-    blocks by T = D - (D A_o) T, three sweeps, as tf32 wgmma, run transposed (T^T = D^T +
-    T^T (-N)^T: T^T the A operand from registers, (-N)^T read from N stored once, row-major), so
-    no sweep stores its result to shared memory.
+    The decay is 2^(log2(e) gc_t - log2(e) gc_s) on the SFU alone (``_exp2_ftz``). The inverse:
+    the four 16 x 16 diagonal blocks by forward substitution, each warp owning one block and each
+    lane one column, so that a row step is 16 fused multiply-adds in the lane's registers with the
+    block's row broadcast from shared memory (the Triton kernel's row steps reduce across lanes
+    and move each new row through shared memory); then the off-diagonal blocks by
+    T = D - (D A_o) T, three sweeps, run transposed (T^T = D^T + T^T (-N)^T) as fp16 wgmma with
+    fp32 accumulators: D and T^T are register operands, converted from the accumulator's layout
+    without moving between lanes, A_o and -N are stored once (fp16 operands may be read MN- or
+    K-major, so nothing is stored transposed).
 
 Why it exists: the intra kernel is more than half of our prefill with several sequences, and its
 row steps were ~23% of it. On an H100 this kernel ran 1.18-1.23x the Triton one at TP 1 and 2,
-one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop); the
-transposed sweeps gave the same bits at 0.98-1.04x that speed (twenty-eighth stop). A version
-with fewer registers (161: three CTAs an SM; every head's P first, D read back from shared memory)
-ran no faster than Triton's.
+one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop); with the
+sweeps on fp16 (tf32 before: half the k-steps, no lane shuffles for the register operand, no
+second decay for A_o^T), the decay on the SFU alone and the loads first, 1.34-1.43x the
+twenty-eighth stop's kernel (twenty-ninth stop; 1,530 instructions a value head where it had
+2,247). A version with fewer registers (three CTAs an SM: K K^T and Q K^T in shared memory,
+maxnreg 168) ran 1-4% slower.
 
-q, k, gc and P are the Triton kernel's bits; the row steps sum in another order, so a few T'
-entries differ in their last bit (30 of 33.5 M at TP-1 8 x 2048 on an H100). So an engine uses one
-of the two for every step (README "Conventions"), which ``gluon_intra_supported`` decides from
-facts of the model and the device only. (On the layout Triton picks for the row steps this kernel
-gives the Triton kernel's bits exactly, 1.03-1.08x its speed: profiling/results/2026-12-06/
-s27_gpu/mirror.patch.)
+Numerics: fp16 operands keep tf32's 10-bit mantissa; A's entries are at most 1 in magnitude
+(normalised k, beta and decays <= 1), and FlashInfer's inverse is fp16 too. q, k and gc are the
+Triton kernel's bits; P differs in ~0.1% of entries by the exp2 rounding, T' in its last bits
+(relative 3-4e-6 from the tf32 sweeps' T' on an H100). So an engine uses one of the two kernels for every step (README "Conventions"), which
+``gluon_intra_supported`` decides from facts of the model and the device only.
 Triton's interpreter cannot run Gluon: the CPU tier compiles this kernel for sm_90, the GPU tier
-compares it with the Triton kernel within the inverse's tf32 tolerance and checks warm == cold on it.
+compares it with the Triton kernel, checks its inverse against float64 on the hard case, and
+checks warm == cold on it.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.chunk_gluon import _is_sm90
@@ -76,6 +82,13 @@ if HAS_GLUON:
         return x + y
 
     @gluon.jit
+    def _exp2_ftz(x):
+        """2^x by the SFU alone (results below 2^-126 flush to zero: decays that small change no
+        sum; gl.exp spends four more instructions an element keeping them)."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
     def _diag_inverse(ad_s, L3: gl.constexpr):
         """D - I for the four 16 x 16 diagonal blocks Ad[b] of A held in ad_s [4, 16, 16] (fp32,
         Ad[b, r, c] = A[16 b + r, 16 b + c]), where D[b] = (I + Ad[b])^-1: [4, 16, 16] in L3, each
@@ -90,24 +103,22 @@ if HAS_GLUON:
         return X
 
     @gluon.jit
-    def _gates(a, b, A_log, dt_bias, i_h, row1, m1, s_at, s_bt, L1: gl.constexpr, L64: gl.constexpr):
-        """Value head i_h's gates on a chunk's rows, as chunk.py's _intra_gates (invalid rows: g = 0,
-        beta = 0, so they change nothing): gc = cumsum(g) and beta in L1, and the decay
-        exp(gc_t - gc_s) (s <= t, else 0) in L64, with gc as L64's rows and columns (for the
-        transposed decay the sweeps need). (The scan runs in a 1-D layout: Gluon's scan does not
-        take a slice of the wgmma layout.)"""
-        ga = gl.load(a + row1 * s_at + i_h, mask=m1, other=0.).to(gl.float32)
-        gb = gl.load(b + row1 * s_bt + i_h, mask=m1, other=0.).to(gl.float32)
+    def _gates(ga, gb, A_log, dt_bias, i_h, m1, L64: gl.constexpr):
+        """Value head i_h's gates on a chunk's rows from its a and b rows ga, gb (fp32, 0 on invalid
+        rows), as chunk.py's _intra_gates (invalid rows: g = 0, beta = 0, so they change nothing):
+        gc = cumsum(g) and beta in ga's layout, and the decay exp(gc_t - gc_s) (s <= t, else 0) in
+        L64. (The scan runs in a 1-D layout: Gluon's scan does not take a slice of the wgmma
+        layout.)"""
         neg_A = -gl.exp(gl.load(A_log + i_h).to(gl.float32))
         g, beta = gdn_gate(ga, gb, neg_A, gl.load(dt_bias + i_h).to(gl.float32))
         gc = gl.associative_scan(gl.where(m1, g, 0.), 0, _add)
-        gr = gl.convert_layout(gc, gl.SliceLayout(1, L64))
-        gcol = gl.convert_layout(gc, gl.SliceLayout(0, L64))
+        gc2 = gc * 1.4426950408889634  # log2(e): the decay as 2^(gc2_t - gc2_s)
+        gr = gl.convert_layout(gc2, gl.SliceLayout(1, L64))
+        gcol = gl.convert_layout(gc2, gl.SliceLayout(0, L64))
         rr = gl.arange(0, gr.shape[0], layout=gl.SliceLayout(1, L64))
         cc = gl.arange(0, gr.shape[0], layout=gl.SliceLayout(0, L64))
-        le = cc[None, :] <= rr[:, None]
-        dec = gl.where(le, gl.exp(gl.where(le, gr[:, None] - gcol[None, :], 0.)), 0.)
-        return gc, gl.where(m1, beta, 0.), dec, gr, gcol
+        dec = gl.where(cc[None, :] <= rr[:, None], _exp2_ftz(gr[:, None] - gcol[None, :]), 0.)
+        return gc, gl.where(m1, beta, 0.), dec
 
     @gluon.jit(do_not_specialize=["T", "max_seqs", "max_chunks", "s_at", "s_bt"])
     def _intra_gluon_kernel(q, k, a, b, A_log, dt_bias, out, t_ws, p_ws, g_ws, qs_ws, kn_ws,
@@ -129,16 +140,15 @@ if HAS_GLUON:
         # in its registers; 16 columns on 32 lanes, each held twice), and [64, 16] block columns
         LD: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         L64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BC, 16])
-        L64F: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BC, 8])
         L3: gl.constexpr = gl.BlockedLayout([1, 16, 1], [1, 1, 32], [4, 1, 1], [1, 2, 0])
         LB: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])
         LO: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-bit rows of 64: 128 bytes a row
-        DOTA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64F, k_width=1)  # tf32 A from registers
+        DOTA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)  # 16-bit A from registers
         PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         DT: gl.constexpr = qs_ws.dtype.element_ty
         SHK: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
-        SHF: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], gl.float32)
+        SH16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], gl.float16)
 
         r_ld = gl.arange(0, BC, layout=gl.SliceLayout(1, LD))
         c_ld = gl.arange(0, K, layout=gl.SliceLayout(0, LD))
@@ -176,16 +186,30 @@ if HAS_GLUON:
         cs = bos + gl.maximum(i_j * BC - off, 0)  # chunk.py's _chunk_rows
         n_t = gl.minimum(bos + (i_j + 1) * BC - off, eos) - cs
 
-        # l2-normalised k and scaled q (fp32, then the operand dtype), once per key head, one
-        # after the other (fewer live registers), into the workspace and shared memory
+        # every global load of the CTA first: k, q and all its value heads' a and b rows (issued
+        # after a store to the workspace, a load waits one memory latency more: the compiler
+        # cannot move it above a store it cannot tell apart from it)
         row_ld = (cs + r_ld).to(gl.int64)[:, None]
         m_ld = (r_ld < n_t)[:, None]
         p_hk = row_ld * (HK * K) + i_hk * K + c_ld[None, :]
-        kx = gl.load(k + row_ld * s_kt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.).to(gl.float32)
+        k_raw = gl.load(k + row_ld * s_kt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.)
+        q_raw = gl.load(q + row_ld * s_qt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.)
+        G2: gl.constexpr = triton.next_power_of_2(G)
+        LG: gl.constexpr = gl.BlockedLayout([1, G2], [32, 1], [4, 1], [1, 0])  # a row's heads in a thread
+        rg = gl.arange(0, BC, layout=gl.SliceLayout(1, LG))
+        hg = gl.arange(0, G2, layout=gl.SliceLayout(0, LG))
+        mg = (rg < n_t)[:, None] & (hg < G)[None, :]
+        p_g = (cs + rg).to(gl.int64)[:, None]
+        ga_all = gl.load(a + p_g * s_at + i_hk * G + hg[None, :], mask=mg, other=0.).to(gl.float32)
+        gb_all = gl.load(b + p_g * s_bt + i_hk * G + hg[None, :], mask=mg, other=0.).to(gl.float32)
+
+        # l2-normalised k and scaled q (fp32, then the operand dtype), once per key head, one
+        # after the other (fewer live registers), into the workspace and shared memory
+        kx = k_raw.to(gl.float32)
         kb = (kx * gl.rsqrt(gl.sum(kx * kx, 1) + 1e-6)[:, None]).to(DT)
         gl.store(kn_ws + p_hk, kb, mask=m_ld)
         k_s = gl.allocate_shared_memory(DT, [BC, K], SHK, kb)
-        qx = gl.load(q + row_ld * s_qt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.).to(gl.float32)
+        qx = q_raw.to(gl.float32)
         qb = (qx * (gl.rsqrt(gl.sum(qx * qx, 1) + 1e-6) * scale)[:, None]).to(DT)
         gl.store(qs_ws + p_hk, qb, mask=m_ld)
         q_s = gl.allocate_shared_memory(DT, [BC, K], SHK, qb)
@@ -214,8 +238,8 @@ if HAS_GLUON:
         a_s = gl.allocate_shared_memory(gl.float32, [BC, BC], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
         ad_s = gl.allocate_shared_memory(gl.float32, [BC, 16], PLAIN2)    # A's diagonal blocks, then D's
         ad3_s = ad_s._reinterpret(gl.float32, [4, 16, 16], PLAIN3)      # the same, as [block, row, col]
-        f0_s = gl.allocate_shared_memory(gl.float32, [BC, BC], SHF)       # tf32 wgmma operands
-        f1_s = gl.allocate_shared_memory(gl.float32, [BC, BC], SHF)
+        ao_s = gl.allocate_shared_memory(gl.float16, [BC, BC], SH16)      # fp16 wgmma operands: A_o
+        n_s = gl.allocate_shared_memory(gl.float16, [BC, BC], SH16)       # and -N
         rb = gl.arange(0, BC, layout=gl.SliceLayout(1, LB))
         d3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         e3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
@@ -224,7 +248,10 @@ if HAS_GLUON:
         # ran 1.2x slower on an H100)
         for jh in range(G):
             i_h = i_hk * G + jh
-            gc1, beta1, dec, gr, gcol = _gates(a, b, A_log, dt_bias, i_h, row1, m1, s_at, s_bt, L1, L64)
+            sel = hg[None, :] == jh  # head jh's column of the prefetched rows (a thread's own registers)
+            ga = gl.convert_layout(gl.sum(gl.where(sel, ga_all, 0.), 1), L1)
+            gb = gl.convert_layout(gl.sum(gl.where(sel, gb_all, 0.), 1), L1)
+            gc1, beta1, dec = _gates(ga, gb, A_log, dt_bias, i_h, m1, L64)
             gl.store(g_ws + row1 * HV + i_h, gc1, mask=m1)
             gl.store(p_ws + row64[:, None] * (HV * BC) + i_h * BC + cc[None, :], (dec * QK).to(p_ws.dtype.element_ty),
                      mask=m64[:, None])
@@ -232,8 +259,10 @@ if HAS_GLUON:
             A = gl.where(cc[None, :] < rr[:, None], dec * KK * beta[:, None], 0.)
 
             # the diagonal blocks' inverses: A through shared memory into ad_s, rows in registers
-            gl.thread_barrier()  # the previous head's readers of a_s, ad_s, f0_s, f1_s are done
+            gl.thread_barrier()  # the previous head's readers of a_s, ad_s, ao_s, n_s are done
             a_s.store(A)
+            ao_s.store(gl.where((cc // 16)[None, :] < (rr // 16)[:, None], A, 0.).to(gl.float16))  # A_o
+            fence_async_shared()  # (read by wgmma below)
             gl.thread_barrier()
             for blk in gl.static_range(4):
                 ad_s.slice(16 * blk, 16, 0).store(a_s.slice(16 * blk, 16, 0).slice(16 * blk, 16, 1).load(LB))
@@ -247,30 +276,24 @@ if HAS_GLUON:
             for blk in gl.static_range(4):
                 a_s.slice(16 * blk, 16, 1).store(gl.where((rb // 16 == blk)[:, None], Dst, 0.))
             gl.thread_barrier()
-            D = a_s.load(L64F)  # (the tf32 wgmma's accumulator layout: the same registers as L64's)
-            Dt = a_s.permute((1, 0)).load(L64F)
+            D = a_s.load(L64)
+            Dt = a_s.permute((1, 0)).load(L64)
             # the off-diagonal blocks: T = D - (D A_o) T, exact after three sweeps, run transposed,
-            # T^T = D^T + T^T (-N)^T with N = D A_o: T^T stays in registers as the A operand, and
-            # the B operands are stored once, row-major (tf32 wgmma reads both operands K-major: B
-            # = X needs X^T in memory, so A_o^T is built in registers, K K^T being symmetric)
-            f0_s.store(D)
-            betac = gl.convert_layout(beta1, gl.SliceLayout(0, L64))
-            o_blk = (cc // 16)[None, :] > (rr // 16)[:, None]  # A_o^T[s, t] = A[t, s], block(t) > block(s)
-            f1_s.store(gl.where(o_blk, gl.exp(gl.where(o_blk, gcol[None, :] - gr[:, None], 0.)) * KK * betac[None, :], 0.))
-            fence_async_shared()
-            gl.thread_barrier()
-            N = warpgroup_mma(f0_s, f1_s.permute((1, 0)), gl.zeros([BC, BC], gl.float32, L64F))
-            gl.thread_barrier()
-            f0_s.store(-N)
+            # T^T = D^T + T^T (-N)^T with N = D A_o, on fp16 wgmma with fp32 accumulators (fp16
+            # keeps tf32's 10-bit mantissa; FlashInfer's inverse is fp16 too): every register
+            # operand (D, then T^T) goes from the accumulator's layout to the A operand's without
+            # moving between lanes, and A_o is read as stored (fp16 operands may be MN-major)
+            N = warpgroup_mma(gl.convert_layout(D.to(gl.float16), DOTA), ao_s, gl.zeros([BC, BC], gl.float32, L64))
+            n_s.store((-N).to(gl.float16))
             fence_async_shared()
             gl.thread_barrier()
             Tt = Dt
             for _ in gl.static_range(3):
-                Tt = warpgroup_mma(gl.convert_layout(Tt, DOTA), f0_s.permute((1, 0)), Dt)
+                Tt = warpgroup_mma(gl.convert_layout(Tt.to(gl.float16), DOTA), n_s.permute((1, 0)), Dt)
             # T' = T diag(beta): T^T's registers transposed, so out through a layout whose stores
             # run along T' rows (P, stored straight from the wgmma layout, ran as fast as through
             # this one: s28_gpu/probe_intra.py)
-            betar = gl.convert_layout(beta1, gl.SliceLayout(1, L64F))
+            betar = gl.convert_layout(beta1, gl.SliceLayout(1, L64))
             Tq = gl.permute((Tt * betar[:, None]).to(t_ws.dtype.element_ty), (1, 0))
             gl.store(t_ws + rowo[:, None] * (HV * BC) + i_h * BC + co[None, :], gl.convert_layout(Tq, LO),
                      mask=mo[:, None])
@@ -279,8 +302,8 @@ if HAS_GLUON:
 def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta,
                           scale: float, error_flag=None):
     """Launch the Gluon chunk-parallel kernel (no checks; see chunk.gdn_chunk_prefill): the effects
-    of chunk.chunk_intra_fwd (ws.t, p, g, qs, kn for every chunk, out's padding rows), T' within
-    tf32 rounding of its. Only where ``gluon_intra_supported``."""
+    of chunk.chunk_intra_fwd (ws.t, p, g, qs, kn for every chunk, out's padding rows), T' and P
+    within 16-bit rounding of its. Only where ``gluon_intra_supported``."""
     T, HK, K = q.shape
     HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)

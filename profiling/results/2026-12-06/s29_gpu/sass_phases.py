@@ -1,7 +1,7 @@
 """Static SASS instruction counts of the Gluon intra kernel per phase (CPU only: Triton's ptxas and
 nvdisasm for sm_90, no GPU): the stamped copy of probe_phases.py is compiled, disassembled, and its
 instructions counted between consecutive %clock64 reads (the head loop's phases once: a CTA runs
-them once per value head). Compares the twenty-eighth stop's kernel (intra_s28.py) with the
+them once per value head). Compares the twenty-eighth stop's kernel (5ce061a) with the
 library's and the probe's variants.
 
     PYTHONPATH=. python3 profiling/results/2026-12-06/s29_gpu/sass_phases.py
@@ -42,8 +42,7 @@ def counts(src, tag):
 
 
 def main():
-    here = os.path.dirname(__file__)
-    srcs = {"s28": open(os.path.join(here, "intra_s28.py")).read(),
+    srcs = {"s28": P.s28_source(),
             "lib": open(P.chunk_intra_gluon.__file__).read(),
             **{vn: P.variant_source(e) for vn, e in P.VARIANTS.items()}}
     table = {tag: counts(src, tag.replace("+", "_")) for tag, src in srcs.items()}

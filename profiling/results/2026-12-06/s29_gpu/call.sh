@@ -7,6 +7,8 @@
 #      (kernels; FlashInfer 0.6.14 staged), bench_prefill --quick ours,fi TP 1/2
 #   3: repeated_token_err.py, test_chunk_intra_gluon.py again (its repeated-token test rewritten after
 #      call 2), the GPU tier's list A (engine, graphs, speculative decoding, vLLM slots, safety)
+#   4: (prepared, never run: the session's device time ran out) bytes_probe.py (each kernel with some of its global traffic removed: is memory its pace?; the
+#      sequential kernel computing P itself: its bits and speed)
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s29_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -40,6 +42,8 @@ case $n in
      grep -v "^{" "$W/probe.log" | grep -E "^[0-9]|seq |intra \(" | cut -c1-250
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier_b.log" | tail -10
      grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
+  4) part bytes 150 env OUT="$W" python3 $D/bytes_probe.py
+     cat "$W/bytes.log" | tail -6 ;;
   3) part rep_err 60 env PYTHONPATH=$PYTHONPATH:tests python3 $D/repeated_token_err.py
      part intra_tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_chunk_intra_gluon.py
      part tier_a 400 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/tier_a.xml" \

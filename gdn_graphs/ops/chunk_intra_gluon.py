@@ -28,7 +28,7 @@ sweeps on fp16 (tf32 before: half the k-steps, no lane shuffles for the register
 second decay for A_o^T), the decay on the SFU alone and the loads first, 1.34-1.43x the
 twenty-eighth stop's kernel (twenty-ninth stop; 1,530 instructions a value head where it had
 2,247). A version with fewer registers (three CTAs an SM: K K^T and Q K^T in shared memory,
-maxnreg 168) ran 1-4% slower.
+maxnreg 168) ran 2-4% slower.
 
 Numerics: fp16 operands keep tf32's 10-bit mantissa; A's entries are at most 1 in magnitude
 (normalised k, beta and decays <= 1), and FlashInfer's inverse is fp16 too. q, k and gc are the

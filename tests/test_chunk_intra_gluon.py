@@ -2,9 +2,10 @@
 
 The two compute the same workspace (T', P, gc, normalised q and k) with another schedule of the
 in-chunk inverse (its sweeps on fp16, Triton's on tf32) and decay (exp2 on the SFU alone), so T'
-and P agree within 16-bit rounding, not bit for bit; an engine takes one of them for every step. The CPU tier checks where the kernel is taken and that it compiles for
-sm_90 without spills; the GPU tier compares its workspace with the Triton kernel's, its repairs of
-bad metadata, and the inverse's accuracy on a repeated token. (test_chunk.py's and
+and P agree within 16-bit rounding, not bit for bit; an engine takes one of them for every step.
+The CPU tier checks where the kernel is taken and that it compiles for sm_90 without spills; the
+GPU tier compares its workspace with the Triton kernel's, its repairs of bad metadata, and the
+inverse's accuracy on a repeated token against float64. (test_chunk.py's and
 test_chunk_gluon.py's GPU tests at K = V = 128 with bf16 inputs run on this kernel too: against
 the fp64 reference, warm == cold, chunked steps == one step, graph replay.)
 """
@@ -169,10 +170,10 @@ def test_gpu_gluon_intra_repeated_token_inverse(gpu):
     has entries of alternating sign that do not decay; the CPU tier checks the Triton kernel's
     inverse there against the fp64 reference): T' (fp16 products here, tf32 in the Triton kernel,
     both stored as bf16) against the float64 inverse of each kernel's own A, chunk by chunk: this
-    kernel's largest error at most twice the Triton kernel's (or than a bf16 rounding of the
-    chunk's largest entry), its summed error at most 1.5 times the Triton kernel's (16-bit
-    operands, tf32's 10-bit mantissa, cannot do much better where entries of ~1 cancel); P the
-    Triton kernel's (no decay)."""
+    kernel's largest error within half a bf16 step of the chunk's largest entry (2^-9 of it; on
+    an H100 it was 5.2e-4 of 1.0, the Triton kernel's 6.5e-3, which this bound rejects), and its
+    summed error no larger than the Triton kernel's (0.50 against 1.21 there); P the Triton
+    kernel's (no decay)."""
     got = {}
 
     def repeat(inputs):
@@ -190,9 +191,8 @@ def test_gpu_gluon_intra_repeated_token_inverse(gpu):
         n = truth1.shape[0]
         e1 = (w1.t[rows, h, :n].double() - truth1).abs()
         e2 = (w2.t[rows, h, :n].double() - truth2).abs()
-        bound = 2 * max(e1.max().item(), 2.0 ** -9 * truth2.abs().max().item())
-        assert e2.max() <= bound, (rows, h, e2.max().item(), e1.max().item())
+        assert e2.max() <= 2.0 ** -9 * truth2.abs().max(), (rows, h, e2.max().item(), e1.max().item())
         total[0] += e1.sum().item()
         total[1] += e2.sum().item()
-    assert total[1] <= 1.5 * total[0], total
+    assert total[1] <= total[0], total
     assert _close(w1.p, w2.p, 1e-6)

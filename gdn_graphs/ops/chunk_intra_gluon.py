@@ -25,16 +25,20 @@ Why it exists: the intra kernel is more than half of our prefill with several se
 row steps were ~23% of it. On an H100 this kernel ran 1.18-1.23x the Triton one at TP 1 and 2,
 one to 32 sequences (profiling/results/2026-12-06/SUMMARY.md, twenty-seventh stop); with the
 sweeps on fp16 (tf32 before: half the k-steps, no lane shuffles for the register operand, no
-second decay for A_o^T), the decay on the SFU alone and the loads first, 1.34-1.43x the
+second decay for A_o^T), the decay on the SFU alone and the loads first, 1.33-1.44x the
 twenty-eighth stop's kernel (twenty-ninth stop; 1,530 instructions a value head where it had
 2,247). A version with fewer registers (three CTAs an SM: K K^T and Q K^T in shared memory,
 maxnreg 168) ran 2-4% slower.
 
-Numerics: fp16 operands keep tf32's 10-bit mantissa; A's entries are at most 1 in magnitude
-(normalised k, beta and decays <= 1), and FlashInfer's inverse is fp16 too. q, k and gc are the
-Triton kernel's bits; P differs in ~0.1% of entries by the exp2 rounding, T' in its last bits
-(relative 3-4e-6 from the tf32 sweeps' T' on an H100). So an engine uses one of the two kernels for every step (README "Conventions"), which
-``gluon_intra_supported`` decides from facts of the model and the device only.
+Numerics: fp16 operands keep tf32's 10-bit mantissa, and on the repeated-token case this kernel's
+T' is closer to float64 than the tf32 kernel's (GPU test). A's entries are at most 1 in magnitude
+(normalised k, beta and decays <= 1), but that does not bound D, N and T: an A whose inverse has
+entries past 65504 would overflow fp16 here where tf32 would not (not seen on random or
+repeated-token inputs; FlashInfer's fp16 inverse shares the limit). q, k and gc are the Triton
+kernel's bits; P differs in ~0.1% of entries by the exp2 rounding, T' in its last bits (relative
+3-4e-6 from the tf32 sweeps' T' on an H100). So an engine uses one of the two kernels for every
+step (README "Conventions"), which ``gluon_intra_supported`` decides from facts of the model and
+the device only.
 Triton's interpreter cannot run Gluon: the CPU tier compiles this kernel for sm_90, the GPU tier
 compares it with the Triton kernel, checks its inverse against float64 on the hard case, and
 checks warm == cold on it.

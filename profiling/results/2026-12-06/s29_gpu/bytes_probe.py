@@ -85,33 +85,11 @@ INTRA = {"no_qk": INTRA_QK, "no_tp": INTRA_TP}
 
 def main():
     from gdn_graphs.ops import chunk_gluon, chunk_intra_gluon
-    from gdn_graphs.ops.meta import chunk_meta, num_checkpoints
-    from gdn_graphs.ops.workspace import ChunkWorkspace
     seq_mods = {n: P.load(P.edited(chunk_gluon, e), "bytes_seq_" + n) for n, e in SEQ.items()}
     intra_mods = {n: P.load(P.edited(chunk_intra_gluon, e), "bytes_intra_" + n) for n, e in INTRA.items()}
     report = {"device": torch.cuda.get_device_name(), "runs": []}
-    for HK, HV, N, L in [(16, 32, 8, 2048), (8, 16, 8, 2048), (16, 32, 1, 8192)]:
-        T = N * L
-        g = torch.Generator(device="cuda").manual_seed(0)
-        qkv = torch.randn(T, 2 * HK * 128 + HV * 128, device="cuda", generator=g, dtype=torch.bfloat16)
-        q = qkv[:, :HK * 128].unflatten(1, (HK, 128))
-        k = qkv[:, HK * 128:2 * HK * 128].unflatten(1, (HK, 128))
-        v = qkv[:, 2 * HK * 128:].unflatten(1, (HV, 128))
-        ab = torch.randn(T, 2 * HV, device="cuda", generator=g, dtype=torch.bfloat16)
-        a, b = ab[:, :HV], ab[:, HV:]
-        A_log = torch.log(torch.empty(HV, device="cuda").uniform_(1, 16, generator=g))
-        dt_bias = torch.randn(HV, device="cuda", generator=g) * 0.5
-        writes, ckpts, nxt = [], [], 0
-        for _ in range(N):
-            n = num_checkpoints(0, L, 256)
-            writes.append(nxt)
-            ckpts.append(list(range(nxt + 1, nxt + 1 + n)))
-            nxt += 1 + n
-        meta = chunk_meta([L] * N, [0] * N, [-1] * N, writes, ckpts, 256, device="cuda")
-        ssm = torch.zeros(nxt, HV, 128, 128, device="cuda")
-        ws = ChunkWorkspace(T, HV, 128, 128, torch.bfloat16, "cuda", HK=HK)
-        out = torch.empty(T, HV, 128, device="cuda", dtype=torch.bfloat16)
-        scale = 128 ** -0.5
+    for HK, HV, N, L in P.SHAPES:
+        T, q, k, v, a, b, A_log, dt_bias, meta, ssm, ws, out, scale = P.make_case(HK, HV, N, L)
         intra = lambda m: (lambda: m.chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws, meta, scale))
         seq = lambda m: (lambda: m.chunk_seq_fwd_gluon(out, v, ssm, ws, meta, HK))
         ms = {"intra": triton.testing.do_bench(intra(chunk_intra_gluon))}

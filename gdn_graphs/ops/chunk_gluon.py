@@ -176,7 +176,6 @@ if HAS_GLUON:
         v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
         t_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
         p_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
-        o_s = gl.allocate_shared_memory(DT, [BC, BV], SHV)
 
         # the state S [BV, K]: element [v, k] at ssm[slot, h, v, k]
         rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
@@ -198,7 +197,7 @@ if HAS_GLUON:
                      i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
         for j in range(nc):
             st = j % 2
-            gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1) and o_s
+            gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1)
             _issue_chunk(j + 1, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc,
                          i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
             async_copy.wait_group(1)  # chunk j's copies have landed (this thread's) ...
@@ -226,10 +225,13 @@ if HAS_GLUON:
             S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
             oT, S = warpgroup_mma_wait(0, deps=(oT, S))
 
-            # the output rows, transposed through shared memory into coalesced stores
-            o_s.permute((1, 0)).store(oT.to(DT))
+            # the output rows, transposed through shared memory into coalesced stores: through the
+            # chunk's v tile, whose entries each thread overwrites are those it read into xT (the
+            # same layout), so no other warp still needs them; without a tile of its own a CTA
+            # at bv 64 needs 112 KB, and two fit an SM
+            v_s.index(st).permute((1, 0)).store(oT.to(DT))
             gl.thread_barrier()
-            o = o_s.load(LDV)
+            o = v_s.index(st).load(LDV)
             gl.store(out + (cs + ro).to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :],
                      o.to(out.dtype.element_ty), mask=(ro < n_t)[:, None])
 
@@ -252,7 +254,7 @@ if HAS_GLUON:
         report(error_flag, bad_slot(w_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
 
-def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 128,
+def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 64,
                         error_flag=None):
     """Launch the Gluon sequential kernel (no checks; see chunk.gdn_chunk_prefill) after
     chunk_intra_fwd filled ``ws``: the arguments and effects of chunk.chunk_seq_fwd, and its bits.

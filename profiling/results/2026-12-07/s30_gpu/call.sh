@@ -7,7 +7,7 @@
 #   2: seq_variants.py (the sequential kernel: two CTAs an SM at bv 64, a three-stage ring, the
 #      checkpoint slot loaded early, states stored in 16-byte runs), then both Gluon kernels' GPU
 #      tests on main's tree
-#   3: (library: the output tile through the v tile, GLUON_CONFIG at V tile 64) min_pairs.py, the GPU
+#   3: (library: the output tile through the v tile, GLUON_CONFIG at V tile 64) min_pairs.py, own_p64.py, the GPU
 #      tier's list B and the engine / graphs tests (FlashInfer 0.6.14 staged: the tree slimmed to
 #      carry .stage/fi1, fi2), bench_prefill --quick ours,fi TP 1/2
 set -u
@@ -38,6 +38,7 @@ case $n in
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gpu_tests.log" | tail -8 ;;
   3) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1 &
      part min_pairs 120 env OUT="$W" python3 $D/min_pairs.py
+     part own_p64 90 env OUT="$W" python3 $D/own_p64.py
      wait
      export PYTHONPATH=$PYTHONPATH:$FI
      part tier 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/tier.xml" \
@@ -47,6 +48,7 @@ case $n in
      part bench_prefill $(( 585 - ($(date +%s) - T0) )) python3 profiling/bench_prefill.py --out "$W" --quick \
        --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
      cut -c1-200 "$W/min_pairs.log" | tail -10
+     cut -c1-300 "$W/own_p64.log" | tail -3
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -10
      grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
 esac

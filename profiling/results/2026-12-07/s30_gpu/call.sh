@@ -12,8 +12,8 @@
 #      carry .stage/fi1, fi2), bench_prefill --quick ours,fi TP 1/2 (the tier failed to collect:
 #      test_spec_core.py, which test_spec_gpu imports, was left out of the slimmed tree; rerun on
 #      the warm machine as call 4, a one-off command: pytest of the same files, into c4/)
-#   5: (library: own P at V tile 64) the two Gluon kernels' GPU tests, bench_prefill --quick
-#      ours,fi TP 1/2, the engine and graphs GPU tests
+#   5: (prepared, never run: no device time left; library: own_p64.diff applied) the two Gluon
+#      kernels' GPU tests, bench_prefill --quick ours,fi TP 1/2, the engine and graphs GPU tests
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s30_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -56,13 +56,13 @@ case $n in
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -10
      grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
   5) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1 &
-     part gluon_tests 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/gluon_tests.xml" \
+     part gluon_tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/gluon_tests.xml" \
        tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py
      wait
      export PYTHONPATH=$PYTHONPATH:$FI
-     part bench_prefill 110 python3 profiling/bench_prefill.py --out "$W" --quick \
+     part bench_prefill 90 python3 profiling/bench_prefill.py --out "$W" --quick \
        --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
-     part engine_tests $(( 370 - ($(date +%s) - T0) )) python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+     part engine_tests $(( 190 - ($(date +%s) - T0) )) python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
        --junitxml="$W/engine_tests.xml" tests/test_engine.py tests/test_graphs.py
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gluon_tests.log" "$W/engine_tests.log" | tail -10
      grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;

@@ -13,8 +13,8 @@ stored P. ms, do_bench median, bf16, a state every 256 tokens.
 
     PYTHONPATH=. python3 profiling/results/2026-12-07/s30_gpu/own_p64.py [--compile]
 
-Ran in call 3 against f22d5d7's library; the library now has this as OWN_P / STORE_P, so the
-edits no longer apply on main (check out f22d5d7's gdn_graphs to rerun).
+Ran in call 3 against f22d5d7's library (main's kernels since). Its library form, OWN_P /
+STORE_P with the intra kernel also skipping Q K^T, is own_p64.diff (not on main: never GPU-run).
 """
 
 import json

@@ -84,7 +84,8 @@ for (HK, HV), bv, round_state, has_flag in itertools.product(((16, 32), (8, 16))
 def test_gluon_kernel_compiles_for_sm90_without_spills():
     """The Gluon kernel compiles for sm_90 at TP-1 and TP-2 heads, both V tiles, both pool dtypes,
     with and without the error flag: wgmma, the cp.async ring, no spills, shared memory within an
-    H200's (at V tile 64: within half an SM's, two CTAs an SM). Needs no GPU (a subprocess without the interpreter, Triton's bundled ptxas)."""
+    H200's (at V tile 64: within half an SM's, two CTAs an SM). Needs no GPU (a subprocess
+    without the interpreter, Triton's bundled ptxas)."""
     import os
 
     from sm90_compile import ptxas_path, run_script

@@ -140,7 +140,8 @@ V tile 128 (one CTA an SM) ran 1.11-1.13x Triton's at 128 to 1,024 such pairs an
 16 to 64 (profiling/results/2026-12-06/SUMMARY.md); at V tile 64 with two CTAs an SM it ran
 1.11-1.15x its V-tile-128 self at 8 x 2048 (profiling/results/2026-12-07/SUMMARY.md)."""
 
-GLUON_MIN_PAIRS = 128  # (sequence, value head) pairs: about one CTA per SM of an H100 / H200
+GLUON_MIN_PAIRS = 128  # (sequence, value head) pairs: at V tile 64 two CTAs each, about the 2 x 132
+# CTAs an H100 holds at once (measured: 0.91-0.95x Triton's below, 1.29-1.31x from here)
 
 
 def chunk_config(num_seqs: int | None, dtype: torch.dtype, HV: int | None = None,

@@ -20,6 +20,9 @@ compared with the library's (the arithmetic is not touched: the same bits expect
 For each shape (probe_phases.SHAPES, bf16, a state every 256 tokens), median ms (do_bench).
 
     PYTHONPATH=. python3 profiling/results/2026-12-07/s30_gpu/seq_variants.py [--compile]
+
+Ran in call 2 against 110358c's library. The alias is main's since f22d5d7, so these edits no
+longer apply there: rerun with 110358c's gdn_graphs on the path.
 """
 
 import json
@@ -86,19 +89,11 @@ RUNS = [("lib", 128), ("lib", 64), ("alias", 128), ("alias", 64), ("ring3", 128)
         ("alias+slot+cstate", 128)]
 
 
-def _apply(src, edits):
-    for a, b in edits:
-        assert src.count(a) == 1, a
-        src = src.replace(a, b)
-    return src
-
-
 def modules():
     from gdn_graphs.ops import chunk_gluon
-    base = open(chunk_gluon.__file__).read()
     mods = {"lib": chunk_gluon}
     for n, e in VARIANTS.items():
-        mods[n] = P.load(_apply(base, e), "seq_" + n.replace("+", "_"))
+        mods[n] = P.load(P.edited(chunk_gluon, e), "seq_" + n.replace("+", "_"))
     return mods
 
 

@@ -63,18 +63,20 @@ from sm90_compile import compile_sm90, ptxas_report
 ints = ("T", "max_ckpts", "num_slots", "block_size")
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
 divisible = lambda name, ty: ty.startswith("*") or name.startswith("s_") or name == "block_size"  # the launcher's
-for (HK, HV), bv, round_state, has_flag in itertools.product(((16, 32), (8, 16)), (128, 64),
-                                                             (False, True), (False, True)):
-    consts = dict(HK=HK, HV=HV, K=128, V=128, BV=bv, BC=64, ROUND_STATE=round_state)
+# (P made by the kernel itself only at V tile 64, where gdn_chunk_prefill asks for it)
+for (HK, HV), (bv, own_p), round_state, has_flag in itertools.product(
+        ((16, 32), (8, 16)), ((128, False), (64, False), (64, True)), (False, True), (False, True)):
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BV=bv, BC=64, ROUND_STATE=round_state, OWN_P=own_p)
     special = dict(g_ws="*fp32", **({} if round_state else dict(ssm="*fp32")))
     ck = compile_sm90(G._seq_gluon_kernel, consts, special, meta, ints, has_flag, bv // 16, divisible)
-    name = f"HV {HV} bv {bv} round {round_state} flag {has_flag}"
+    name = f"HV {HV} bv {bv} round {round_state} flag {has_flag} own P {own_p}"
     regs, spills = ptxas_report(ck)
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)
     assert ck.metadata.shared <= 227 * 1024, (name, ck.metadata.shared)
     if bv == 64:  # two CTAs an SM (GLUON_CONFIG's point): 2 x (shared + 1 KB reserved) <= 228 KB
         assert ck.metadata.shared <= 113 * 1024, (name, ck.metadata.shared)
-    assert ck.asm["ptx"].count("wgmma.mma_async") >= 5, (name, "no wgmma")
+    # S k^T, S q^T (8 k-steps each), v_new, out, the state (4 each), Q K^T (8, own P)
+    assert ck.asm["ptx"].count("wgmma.mma_async") == 28 + 8 * own_p, (name, "wgmma count")
     assert "cp.async" in ck.asm["ptx"], (name, "no cp.async ring")
     assert ("atom" in ck.asm["ptx"]) == has_flag, (name, "the flag's atomic")
     assert max(spills) == 0, (name, "spills registers")

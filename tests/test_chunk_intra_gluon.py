@@ -41,19 +41,22 @@ from sm90_compile import compile_sm90, ptxas_report
 
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "error_flag"}
 special = dict(scale="fp32", g_ws="*fp32", A_log="*fp32", dt_bias="*fp32")
-for (HK, HV), dt, has_flag in itertools.product(((16, 32), (8, 16)), ("bf16", "fp16"), (False, True)):
-    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64)
+for (HK, HV), dt, has_flag, store_p in itertools.product(((16, 32), (8, 16)), ("bf16", "fp16"), (False, True),
+                                                         (True, False)):
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64, STORE_P=store_p)
     ck = compile_sm90(G._intra_gluon_kernel, consts, special, meta, ("T", "max_seqs", "max_chunks"),
                       has_flag, 4, default="*" + dt)
-    name = f"HV {HV} {dt} flag {has_flag}"
+    name = f"HV {HV} {dt} flag {has_flag} store P {store_p}"
     regs, spills = ptxas_report(ck)
     ptx = ck.asm["ptx"]
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)
     # two CTAs an SM: 2 x 128 x regs of the 64 K registers and 2 x shared of 227 KB
     assert int(regs[0]) <= 255 and ck.metadata.shared <= 113 * 1024, (name, regs, ck.metadata.shared)
-    # K K^T and Q K^T (8 k-steps each, the input dtype), the inverse's 4 products (4 each, fp16)
-    assert ptx.count("wgmma.mma_async") == 32, (name, "wgmma count")
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") == 16 + 16 * (dt == "fp16"), name
+    # K K^T and Q K^T (8 k-steps each, the input dtype; Q K^T only for a stored P), the
+    # inverse's 4 products (4 each, fp16)
+    n_in = 16 if store_p else 8
+    assert ptx.count("wgmma.mma_async") == n_in + 16, (name, "wgmma count")
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") == 16 + n_in * (dt == "fp16"), name
     assert ("atom" in ptx) == has_flag, (name, "the flag's atomic")
     assert max(spills) == 0, (name, "spills registers")
 """

@@ -15,9 +15,11 @@ SMs.
     same index in the same order with the operands in swapped roles. The chunk's q, k, v, T' and P
     come through a two-stage shared-memory ring filled by masked cp.async (rows outside the span
     read as zeros, as Triton's masked loads), chunk j + 1's copies and gates issued before chunk
-    j's products: nothing the chain waits on is a global load. The output tile is transposed
-    through the chunk's v tile, so at V tile 64 a CTA needs 112 KB of shared memory and two CTAs
-    share an SM, one's arithmetic overlapping the other's waits on memory.
+    j's products: nothing the chain waits on is a global load. With OWN_P the kernel makes P =
+    dec * Q K^T itself from the q and k tiles (the Gluon intra kernel's bits: ``_decay``) and the
+    intra kernel does not store it. The output tile is transposed through the chunk's v tile, so
+    at V tile 64 a CTA needs 112 KB of shared memory and two CTAs share an SM, one's arithmetic
+    overlapping the other's waits on memory.
 
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
 on shared-memory copies of the state. At V tile 128 (one CTA an SM) this one ran 1.11-1.13x as
@@ -83,10 +85,10 @@ if HAS_GLUON:
     def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
                      bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr,
+                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr,
                      LD128: gl.constexpr, LD64: gl.constexpr, LDV: gl.constexpr):
-        """cp.async chunk j's q, k, v, T', P rows into stage j % 2 (rows outside the span and
-        chunks past the last: zeros, nothing read)."""
+        """cp.async chunk j's q, k, v, T' rows, and P's unless the kernel makes P (OWN_P), into
+        stage j % 2 (rows outside the span and chunks past the last: zeros, nothing read)."""
         st = j % 2
         r128 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD128))
         c128 = gl.arange(0, K, layout=gl.SliceLayout(0, LD128))
@@ -109,8 +111,9 @@ if HAS_GLUON:
                                                + i_h * V + i_v * BV + cvv[None, :], mask=(rvv < n_t)[:, None])
         async_copy.async_copy_global_to_shared(t_s.index(st), t_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
                                                mask=m64)
-        async_copy.async_copy_global_to_shared(p_s.index(st), p_ws + row64 * (HV * BC) + i_h * BC + c64[None, :],
-                                               mask=m64)
+        if not OWN_P:
+            async_copy.async_copy_global_to_shared(p_s.index(st), p_ws + row64 * (HV * BC) + i_h * BC
+                                                   + c64[None, :], mask=m64)
         async_copy.commit_group()
 
     @gluon.jit
@@ -124,6 +127,23 @@ if HAS_GLUON:
         g_last = gl.load(g_ws + gl.where(ok, ce - 1, bos).to(gl.int64) * HV + i_h)
         return gc, g_last
 
+    @gluon.jit
+    def _decay(gc, n_t, LP: gl.constexpr):
+        """exp(gc_t - gc_s) for s <= t < n_t, else 0: [BC, BC] in LP, the bits of chunk_intra_gluon's
+        decay (its _gates and _exp2_ftz). The scaling by log2(e) is an explicit mul.rn: the
+        compiler may not fuse it into the subtraction that follows, which it did where LP is the
+        layout gc comes in (V tile 64: other bits, GPU probe), while the intra kernel's layout
+        conversion in between keeps the two apart there."""
+        gc2 = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, 0f3FB8AA3B;", "=r,r", [gc], dtype=gl.float32,
+                                        is_pure=True, pack=1)  # 0f3FB8AA3B: log2(e) in fp32
+        r = gl.arange(0, gc.shape[0], layout=gl.SliceLayout(1, LP))
+        c = gl.arange(0, gc.shape[0], layout=gl.SliceLayout(0, LP))
+        gr = gl.convert_layout(gc2, gl.SliceLayout(1, LP))
+        gcol = gl.convert_layout(gc2, gl.SliceLayout(0, LP))
+        e = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [gr[:, None] - gcol[None, :]],
+                                      dtype=gl.float32, is_pure=True, pack=1)
+        return gl.where((c[None, :] <= r[:, None]) & (r[:, None] < n_t), e, 0.)
+
     # (as _chunk_seq_kernel: T, the pool size and the checkpoint table's length change with the
     # engine's step, not the model; specialised, the first request would recompile the warm-up's)
     @gluon.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
@@ -132,7 +152,7 @@ if HAS_GLUON:
                           error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
                           HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                           BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
-                          HAS_FLAG: gl.constexpr):
+                          OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
         NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
@@ -166,6 +186,9 @@ if HAS_GLUON:
         LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
         L64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BC, 16])
         A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
+        # P [64, 64] (OWN_P), its columns split between the warp groups
+        LP: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NW // 4],
+                                                     instr_shape=[16, BC // (NW // 4), 16])
         AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
         LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
         LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
@@ -197,12 +220,12 @@ if HAS_GLUON:
 
         gc_next, gl_next = _gates(0, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
         _issue_chunk(0, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h, i_hk,
-                     i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
+                     i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LD128, LD64, LDV)
         for j in range(nc):
             st = j % 2
             gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1)
             _issue_chunk(j + 1, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc,
-                         i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, LD128, LD64, LDV)
+                         i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LD128, LD64, LDV)
             async_copy.wait_group(1)  # chunk j's copies have landed (this thread's) ...
             gl.thread_barrier()       # ... and every thread's
             fence_async_shared()      # before wgmma reads them through the async proxy
@@ -214,6 +237,12 @@ if HAS_GLUON:
             gc_next, gl_next = _gates(j + 1, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
             eg = gl.exp(gc)
 
+            if OWN_P:  # P = dec * Q K^T with the intra kernel's operands, k-steps and decay: its bits
+                QK = warpgroup_mma(q_s.index(st), k_s.index(st).permute((1, 0)),
+                                   gl.zeros([BC, BC], gl.float32, LP))
+                p_s.index(st).store((_decay(gc, n_t, LP) * QK).to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
             Sb = gl.convert_layout(S.to(DT), A64)
             XT = warpgroup_mma(Sb, k_s.index(st).permute((1, 0)), zero64, is_async=True)
             OqT = warpgroup_mma(Sb, q_s.index(st).permute((1, 0)), zero64, is_async=True)
@@ -258,11 +287,12 @@ if HAS_GLUON:
 
 
 def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 64,
-                        error_flag=None):
+                        own_p: bool = False, error_flag=None):
     """Launch the Gluon sequential kernel (no checks; see chunk.gdn_chunk_prefill) after
     chunk_intra_fwd filled ``ws``: the arguments and effects of chunk.chunk_seq_fwd, and its bits.
-    bv: rows of V a CTA owns, 128 (two warp groups) or 64 (one). Only where
-    ``gluon_seq_supported``."""
+    bv: rows of V a CTA owns, 128 (two warp groups) or 64 (one). own_p: make each chunk's P from
+    its q and k tiles instead of reading ws.p; only after chunk_intra_gluon's kernel, whose P bits
+    it repeats (that kernel then need not store P). Only where ``gluon_seq_supported``."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
@@ -272,4 +302,4 @@ def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: in
         meta.ckpt_slots, error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
         meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, ROUND_STATE=ssm.dtype != torch.float32,
-        HAS_FLAG=error_flag is not None, num_warps=bv // 16)
+        OWN_P=own_p, HAS_FLAG=error_flag is not None, num_warps=bv // 16)

@@ -129,7 +129,7 @@ if HAS_GLUON:
                             cu_seqlens, start_pos, chunk_seq, chunk_idx, error_flag,
                             T, max_seqs, max_chunks, s_qt, s_kt, s_at, s_bt, s_ot, scale,
                             HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                            BC: gl.constexpr, HAS_FLAG: gl.constexpr):
+                            BC: gl.constexpr, STORE_P: gl.constexpr, HAS_FLAG: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
         gl.static_assert(BC == 64)
@@ -216,13 +216,17 @@ if HAS_GLUON:
         qx = q_raw.to(gl.float32)
         qb = (qx * (gl.rsqrt(gl.sum(qx * qx, 1) + 1e-6) * scale)[:, None]).to(DT)
         gl.store(qs_ws + p_hk, qb, mask=m_ld)
-        q_s = gl.allocate_shared_memory(DT, [BC, K], SHK, qb)
+        if STORE_P:
+            q_s = gl.allocate_shared_memory(DT, [BC, K], SHK, qb)
         fence_async_shared()
         gl.thread_barrier()
         zero = gl.zeros([BC, BC], gl.float32, L64)
-        KK = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, is_async=True)
-        QK = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, is_async=True)
-        KK, QK = warpgroup_mma_wait(0, deps=(KK, QK))
+        if STORE_P:
+            KK = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, is_async=True)
+            QK = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, is_async=True)
+            KK, QK = warpgroup_mma_wait(0, deps=(KK, QK))
+        else:  # Q K^T only feeds P
+            KK = warpgroup_mma(k_s, k_s.permute((1, 0)), zero)
 
         rr = gl.arange(0, BC, layout=gl.SliceLayout(1, L64))
         cc = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))
@@ -257,8 +261,9 @@ if HAS_GLUON:
             gb = gl.convert_layout(gl.sum(gl.where(sel, gb_all, 0.), 1), L1)
             gc1, beta1, dec = _gates(ga, gb, A_log, dt_bias, i_h, m1, L64)
             gl.store(g_ws + row1 * HV + i_h, gc1, mask=m1)
-            gl.store(p_ws + row64[:, None] * (HV * BC) + i_h * BC + cc[None, :], (dec * QK).to(p_ws.dtype.element_ty),
-                     mask=m64[:, None])
+            if STORE_P:  # (else the Gluon sequential kernel makes these bits itself: OWN_P)
+                gl.store(p_ws + row64[:, None] * (HV * BC) + i_h * BC + cc[None, :],
+                         (dec * QK).to(p_ws.dtype.element_ty), mask=m64[:, None])
             beta = gl.convert_layout(beta1, gl.SliceLayout(1, L64))
             A = gl.where(cc[None, :] < rr[:, None], dec * KK * beta[:, None], 0.)
 
@@ -304,10 +309,11 @@ if HAS_GLUON:
 
 
 def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta,
-                          scale: float, error_flag=None):
+                          scale: float, store_p: bool = True, error_flag=None):
     """Launch the Gluon chunk-parallel kernel (no checks; see chunk.gdn_chunk_prefill): the effects
     of chunk.chunk_intra_fwd (ws.t, p, g, qs, kn for every chunk, out's padding rows), T' and P
-    within 16-bit rounding of its. Only where ``gluon_intra_supported``."""
+    within 16-bit rounding of its. store_p False: ws.p is not written (the Gluon sequential
+    kernel with own_p makes P itself). Only where ``gluon_intra_supported``."""
     T, HK, K = q.shape
     HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)
@@ -316,4 +322,5 @@ def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, m
         meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,
         T, meta.max_seqs, meta.max_chunks, q.stride(0), k.stride(0), a.stride(0), b.stride(0),
         out.stride(0), float(scale),
-        HK=HK, HV=HV, K=K, V=V, BC=CHUNK, HAS_FLAG=error_flag is not None, num_warps=4)
+        HK=HK, HV=HV, K=K, V=V, BC=CHUNK, STORE_P=store_p, HAS_FLAG=error_flag is not None,
+        num_warps=4)

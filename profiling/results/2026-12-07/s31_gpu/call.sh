@@ -1,0 +1,48 @@
+#!/bin/bash
+# Thirty-first stop's device calls (run from the project root; everything under $OUT/s31_<n>.tgz).
+#   1: (library: own P landed from s30's own_p64.diff, plus OWN_QK: the sequential kernel
+#      normalises q and k) both Gluon kernels' GPU tests, own_qk.py, bench_prefill --quick ours,fi
+#      TP 1/2 (FlashInfer 0.6.14 staged), the engine and graphs GPU tests. The tree: own_p64.diff
+#      and own_qk.diff applied to ca0beef (git status in gpu.txt).
+#   2: (on the warm machine, a one-off command) bench_prefill --quick ours,fi TP 1/2 again with
+#      OWN_QK switched off in chunk_intra_fwd_for: own P alone, as landed (into call2/)
+#   3: main with own P landed (own_p64.diff's form: the seq kernel's q and k offsets constant, as
+#      before OWN_QK): the GPU tests of the chunk kernels, engine and graphs
+set -u
+n=$1
+OUT=${OUT:-/tmp/out}; W=/tmp/s31_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+D=profiling/results/2026-12-07/s31_gpu
+FI=/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages
+T0=$(date +%s)
+summary=()
+part() {  # part NAME TIMEOUT cmd...: run with a timeout into $W/NAME.log, keep its rc and time
+  local name=$1 t=$2; shift 2; local t0=$(date +%s)
+  timeout "$t" "$@" > "$W/$name.log" 2>&1; local rc=$?
+  summary+=("$name: rc=$rc in $(( $(date +%s) - t0 )) s")
+}
+pytest_part() {  # pytest_part NAME TIMEOUT files...: the GPU tier of those files
+  local name=$1 t=$2; shift 2
+  part "$name" "$t" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/$name.xml" "$@"
+}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv; git log -1 --format=%h; git status --short | grep -v '^ D' | head; } > "$W/gpu.txt" 2>&1
+case $n in
+  1) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1 &
+     pytest_part gluon_tests 120 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py
+     part own_qk 200 env OUT="$W" python3 $D/own_qk.py
+     wait
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part bench_prefill 120 python3 profiling/bench_prefill.py --out "$W" --quick \
+       --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
+     pytest_part engine_tests $(( 560 - ($(date +%s) - T0) )) tests/test_engine.py tests/test_graphs.py
+     grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gluon_tests.log" "$W/engine_tests.log" | tail -10
+     cut -c1-400 "$W/own_qk.log" | tail -12
+     grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
+  3) # main as landed (own P, no OWN_QK): the GPU tests of the chunk kernels, the engine and graphs
+     pytest_part tier 420 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py tests/test_chunk.py \
+       tests/test_engine.py tests/test_graphs.py
+     grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -10 ;;
+esac
+head -3 "$W/gpu.txt"
+tar -C "$W" -czf "$OUT/s31_$n.tgz" .
+printf '%s\n' "${summary[@]}"

@@ -7,7 +7,7 @@
 #   2: (on the warm machine, a one-off command) bench_prefill --quick ours,fi TP 1/2 again with
 #      OWN_QK switched off in chunk_intra_fwd_for: own P alone, as landed (into call2/)
 #   3: main with own P landed (own_p64.diff's form: the seq kernel's q and k offsets constant, as
-#      before OWN_QK): the GPU tests of the chunk kernels, engine and graphs
+#      before OWN_QK): the GPU tests of both Gluon kernels, engine and graphs
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s31_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -38,9 +38,9 @@ case $n in
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/gluon_tests.log" "$W/engine_tests.log" | tail -10
      cut -c1-400 "$W/own_qk.log" | tail -12
      grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
-  3) # main as landed (own P, no OWN_QK): the GPU tests of the chunk kernels, the engine and graphs
-     pytest_part tier 420 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py tests/test_chunk.py \
-       tests/test_engine.py tests/test_graphs.py
+  3) # main as landed (own P, no OWN_QK): the Gluon kernels' GPU tests, the engine and graphs
+     pytest_part tier 300 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py tests/test_engine.py \
+       tests/test_graphs.py
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -10 ;;
 esac
 head -3 "$W/gpu.txt"

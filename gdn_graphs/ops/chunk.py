@@ -21,7 +21,8 @@ Two kernels, both graph-safe (grids depend on buffer sizes only, idle programs e
 
 On Hopper (sm_90) with bf16 inputs and K = V = 128 the first kernel's job is done by
 ``chunk_intra_gluon._intra_gluon_kernel`` for every step (chunk_intra_fwd_for): the same workspace,
-the inverse's last bits aside; the second may be ``chunk_gluon``'s, which gives its bits exactly.
+the inverse's last bits aside; the second may be ``chunk_gluon``'s, which gives its bits exactly
+(at V tile 64 it makes P itself, with the intra kernel's bits, and the intra kernel skips it).
 
 Chunks are aligned to absolute positions (a span starting mid-chunk first finishes that chunk), and
 a chunk's arithmetic depends only on its own tokens and its entering state (rows are indexed from

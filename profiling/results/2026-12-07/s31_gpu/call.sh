@@ -8,6 +8,7 @@
 #      OWN_QK switched off in chunk_intra_fwd_for: own P alone, as landed (into call2/)
 #   3: main with own P landed (own_p64.diff's form: the seq kernel's q and k offsets constant, as
 #      before OWN_QK): the GPU tests of both Gluon kernels, engine and graphs
+#   4: main as landed: bench_prefill --quick ours,fi TP 1/2 (FlashInfer staged), for an H200's figures
 set -u
 n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s31_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
@@ -42,6 +43,12 @@ case $n in
      pytest_part tier 300 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py tests/test_engine.py \
        tests/test_graphs.py
      grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -10 ;;
+  4) # main as landed, whole prefill against FlashInfer 0.6.14 (staged: the tree slimmed to carry .stage/fi1, fi2)
+     { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1
+     export PYTHONPATH=$PYTHONPATH:$FI
+     part bench_prefill 200 python3 profiling/bench_prefill.py --out "$W" --quick \
+       --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
+     grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" | grep -E "ours B=256|FI off|FI ckpt B=256" | cut -c1-90 ;;
 esac
 head -3 "$W/gpu.txt"
 tar -C "$W" -czf "$OUT/s31_$n.tgz" .

@@ -14,19 +14,8 @@ n=$1
 OUT=${OUT:-/tmp/out}; W=/tmp/s31_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 D=profiling/results/2026-12-07/s31_gpu
-FI=/tmp/fisite:/tmp/fisite/nvidia_cutlass_dsl/python_packages:/tmp/fisite/nvidia_cutlass_dsl/dsl_packages
-T0=$(date +%s)
-summary=()
-part() {  # part NAME TIMEOUT cmd...: run with a timeout into $W/NAME.log, keep its rc and time
-  local name=$1 t=$2; shift 2; local t0=$(date +%s)
-  timeout "$t" "$@" > "$W/$name.log" 2>&1; local rc=$?
-  summary+=("$name: rc=$rc in $(( $(date +%s) - t0 )) s")
-}
-pytest_part() {  # pytest_part NAME TIMEOUT files...: the GPU tier of those files
-  local name=$1 t=$2; shift 2
-  part "$name" "$t" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --junitxml="$W/$name.xml" "$@"
-}
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv; git log -1 --format=%h; git status --short | grep -v '^ D' | head; } > "$W/gpu.txt" 2>&1
+. profiling/call_parts.sh  # FI, part, pytest_part, device_facts, parts_summary (the helpers these calls ran inline)
+device_facts
 case $n in
   1) { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1 &
      pytest_part gluon_tests 120 tests/test_chunk_intra_gluon.py tests/test_chunk_gluon.py
@@ -52,4 +41,4 @@ case $n in
 esac
 head -3 "$W/gpu.txt"
 tar -C "$W" -czf "$OUT/s31_$n.tgz" .
-printf '%s\n' "${summary[@]}"
+parts_summary

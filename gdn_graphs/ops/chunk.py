@@ -498,9 +498,8 @@ def chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, met
         chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, store_p=not own_p,
                               error_flag=error_flag)
         return own_p
-    else:
-        chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, num_warps=cfg.warps_intra,
-                        dot_precision=dot_precision, inv_precision=inv_precision, error_flag=error_flag)
+    chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, num_warps=cfg.warps_intra,
+                    dot_precision=dot_precision, inv_precision=inv_precision, error_flag=error_flag)
     return False
 
 

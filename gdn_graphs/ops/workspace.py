@@ -135,7 +135,7 @@ with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0
 GLUON_CONFIG = ChunkConfig(seq_kernel="gluon", bv=64)
 """For steps whose prefill rows times value heads reach GLUON_MIN_PAIRS, where the Gluon kernel
 can run (chunk_gluon.gluon_seq_supported): two CTAs per (sequence, head), each with 64 rows of V
-and the state as wgmma's register operand, two CTAs an SM (112 KB of shared memory and 241
+and the state as wgmma's register operand, two CTAs an SM (112 KB of shared memory and 240
 registers a thread each). On an H100 (HV 32 / 16, bf16, a state every 256 tokens) the kernel at
 V tile 128 (one CTA an SM) ran 1.11-1.13x Triton's at 128 to 1,024 such pairs and 0.62-0.80x at
 16 to 64 (profiling/results/2026-12-06/SUMMARY.md); at V tile 64 with two CTAs an SM it ran

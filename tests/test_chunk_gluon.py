@@ -117,11 +117,22 @@ def _batch(gpu, seqs, HK, HV, B, pool_dtype, seed, num_slots=96, drop=()):
     return inputs, pool0, meta
 
 
+def _nan_workspace(T, HK, HV, device):
+    """A workspace whose every buffer holds NaN: a kernel that read an entry no kernel of this call
+    wrote (a P the intra kernel skipped, a row outside a span) would put NaN in the outputs."""
+    ws = ChunkWorkspace(T, HV, 128, 128, torch.bfloat16, device, HK=HK)
+    for buf in (ws.t, ws.p, ws.g, ws.qs, ws.kn):
+        buf.fill_(float("nan"))
+    return ws
+
+
 def _run(inputs, pool0, meta, config, flag=None):
     pool = pool0.clone()
-    T = inputs[0].shape[0]
-    out = torch.full((T, inputs[2].shape[1], 128), float("nan"), dtype=torch.bfloat16, device=pool.device)
-    gdn_chunk_prefill(*inputs, pool, meta, out=out, config=config, error_flag=flag)
+    T, HK = inputs[0].shape[:2]
+    HV = inputs[2].shape[1]
+    out = torch.full((T, HV, 128), float("nan"), dtype=torch.bfloat16, device=pool.device)
+    gdn_chunk_prefill(*inputs, pool, meta, out=out, config=config, error_flag=flag,
+                      workspace=_nan_workspace(T, HK, HV, pool.device))
     torch.cuda.synchronize()
     return out, pool
 

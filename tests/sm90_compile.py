@@ -18,7 +18,7 @@ def ptxas_path() -> str:
 
 
 def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: bool, num_warps: int,
-                 divisible=lambda name, ty: ty.startswith("*"), default: str = "*bf16"):
+                 divisible=lambda name, ty: ty.startswith("*"), default: str = "*bf16", **extra):
     """Compile ``fn`` (a Triton or Gluon JITFunction) for sm_90. consts: constexpr values
     (HAS_FLAG added where fn has one; a missing error flag becomes a None constexpr); special:
     argument -> Triton type; meta: int32 metadata pointers; ints / names starting "s_": i32
@@ -56,7 +56,7 @@ def compile_sm90(fn, consts: dict, special: dict, meta: set, ints, has_flag: boo
         if divisible(name, sig[name]):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps))
+                          options=dict(num_warps=num_warps, **extra))
 
 
 def ptxas_report(ck) -> tuple[list[str], list[int]]:

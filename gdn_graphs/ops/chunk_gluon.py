@@ -12,22 +12,27 @@ SMs.
         oT  = OqT * exp(gc) + bf16(vnT) P^T         [BV, 64]   -> out
         S   = exp(gc_last) S0 + bf16(vnT * exp(gc_last - gc)) k     [BV, K]
     Every rounding and every accumulator is chunk.py's ``_seq_chunk``'s; the wgmma sums over the
-    same index in the same order with the operands in swapped roles. The chunk's q, k, v, T' and P
-    come through a two-stage shared-memory ring filled by masked cp.async (rows outside the span
-    read as zeros, as Triton's masked loads), chunk j + 1's copies and gates issued before chunk
-    j's products: nothing the chain waits on is a global load. With OWN_P the kernel makes P =
-    dec * Q K^T itself from the q and k tiles (the Gluon intra kernel's bits: ``_decay``) and the
-    intra kernel does not store it. The output tile is transposed through the chunk's v tile, so
-    at V tile 64 a CTA needs 112 KB of shared memory and two CTAs share an SM, one's arithmetic
-    overlapping the other's waits on memory.
+    same index in the same order with the operands in swapped roles.
+    Warp roles (``gl.warp_specialize``): a loader warp group (``_load_chunks``, 32 registers a
+    thread) fills a two-stage shared-memory ring with each chunk's q, k, v, T' (and P) rows, its
+    gc and its last gc by masked cp.async (rows outside the span read as zeros, as Triton's masked
+    loads), each thread's copies arriving on the stage's ``ready`` mbarrier as they land; the
+    chain's warp groups (``_chain``) wait on it, compute, store the output and the block states,
+    and free the stage (``empty``). So the chain issues no copy and computes no address but its
+    stores, and a chunk's loads run while the previous chunk computes. With OWN_P the chain
+    makes P = dec * Q K^T itself from the q and k tiles (the Gluon intra kernel's bits:
+    ``_decay``) and the intra kernel does not store it. The output tile is transposed through the
+    chunk's v tile, so at V tile 64 with own P a CTA needs 105 KB of shared memory and 2 x 128
+    threads x 128 registers, and two CTAs share an SM, one's arithmetic overlapping the other's
+    waits on memory.
 
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
-on shared-memory copies of the state. At V tile 128 (one CTA an SM) this one ran 1.11-1.13x as
-fast at 128 to 1,024 (sequence, value head) pairs, TP 1 and 2, on an H100, and 0.62-0.80x at 16
-to 64 pairs (profiling/results/2026-12-06/SUMMARY.md); at V tile 64, two CTAs an SM, 1.29-1.31x
-at 128 and 256 pairs and 0.91-0.95x below (one 1.16x), so ``chunk_config`` still takes it from
-128 pairs (profiling/results/2026-12-07/SUMMARY.md; README "Conventions": a launch choice never
-changes a bit).
+on shared-memory copies of the state. With the loader warp group this kernel alone ran 1.34-1.44x
+Triton's at 8 x 2048 (TP 1 and 2), 4 x 16384 and 32 x 512 on an H100 (the same kernel issuing its
+own copies: 1.04-1.09x slower at V tile 64 with own P, 1.08-1.22x at 128), and the whole prefill 1.13-1.30x at 32 to 256 (sequence, value head)
+pairs, so ``chunk_config`` takes it from two sequences and 32 pairs
+(profiling/results/2026-12-07/SUMMARY.md, thirty-third stop; README "Conventions": a launch
+choice never changes a bit).
 
 The same memory-safety repairs and error codes as ``_chunk_seq_kernel`` (gdn_graphs.ops.common).
 K = V = 128 and bf16 inputs only (``gluon_seq_supported``; fp16 would compile the same way but has
@@ -51,7 +56,7 @@ from gdn_graphs.ops.workspace import ChunkWorkspace
 try:  # Gluon ships with Triton >= 3.5 (experimental)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     HAS_GLUON = True
@@ -59,6 +64,9 @@ except ImportError:  # pragma: no cover - Triton without Gluon: Triton's kernel 
     HAS_GLUON = False
 
 __all__ = ["HAS_GLUON", "gluon_seq_supported", "chunk_seq_fwd_gluon"]
+
+LOADER_WARPS = 4   # the loader partition: a warp group issuing the chunks' masked cp.async
+LOADER_REGS = 32   # its registers a thread (setmaxnreg); at V tile 64 the chain gets 224
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,23 +90,28 @@ def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
 
 if HAS_GLUON:
     @gluon.jit
-    def _issue_chunk(j, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws,
-                     bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
+    def _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
+                     bos, eos, off, i_h, i_hk, i_v, s_vt,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr,
-                     LD128: gl.constexpr, LD64: gl.constexpr, LDV: gl.constexpr):
-        """cp.async chunk j's q, k, v, T' rows, and P's unless the kernel makes P (OWN_P), into
-        stage j % 2 (rows outside the span and chunks past the last: zeros, nothing read)."""
-        st = j % 2
+                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
+        """cp.async chunk j's q, k, v, T' rows (and P's unless the kernel makes P: OWN_P), its
+        cumulative log decays gc and its last one into stage st by the LW loader warps (rows
+        outside the span: zeros, nothing read; Triton's masked loads)."""
+        LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LW, 1], [1, 0])
+        LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LW, 1], [1, 0])
+        LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [LW, 1], [1, 0])
+        LG: gl.constexpr = gl.BlockedLayout([1], [32], [LW], [0])
         r128 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD128))
         c128 = gl.arange(0, K, layout=gl.SliceLayout(0, LD128))
         r64 = gl.arange(0, BC, layout=gl.SliceLayout(1, LD64))
         c64 = gl.arange(0, BC, layout=gl.SliceLayout(0, LD64))
         rvv = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))
         cvv = gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
+        rg = gl.arange(0, BC, layout=LG)
+        r1 = gl.arange(0, 1, layout=LG)
         # rows count from the chunk's first token (chunk.py's _chunk_rows)
         cs = bos + gl.maximum(j * BC - off, 0)
-        n_t = gl.where(j < nc, gl.minimum(bos + (j + 1) * BC - off, eos) - cs, 0)
+        n_t = gl.minimum(bos + (j + 1) * BC - off, eos) - cs
         row128 = (cs + r128).to(gl.int64)[:, None]
         row64 = (cs + r64).to(gl.int64)[:, None]
         m128 = (r128 < n_t)[:, None]
@@ -114,18 +127,23 @@ if HAS_GLUON:
         if not OWN_P:
             async_copy.async_copy_global_to_shared(p_s.index(st), p_ws + row64 * (HV * BC) + i_h * BC
                                                    + c64[None, :], mask=m64)
-        async_copy.commit_group()
+        async_copy.async_copy_global_to_shared(gc_s.index(st), g_ws + (cs + rg).to(gl.int64) * HV + i_h,
+                                               mask=rg < n_t)
+        async_copy.async_copy_global_to_shared(gl_s.index(st), g_ws + (cs + n_t - 1 + r1).to(gl.int64) * HV + i_h)
 
     @gluon.jit
-    def _gates(j, g_ws, bos, eos, off, nc, i_h, ct, HV: gl.constexpr, BC: gl.constexpr):
-        """Chunk j's cumulative log decays gc [BC] (0 past its tokens) and its last one, loaded a
-        chunk ahead of their use (a global load on the chain cost half the kernel's speed)."""
-        cs = bos + gl.maximum(j * BC - off, 0)
-        ce = gl.minimum(bos + (j + 1) * BC - off, eos)
-        ok = j < nc
-        gc = gl.load(g_ws + (cs + ct).to(gl.int64) * HV + i_h, mask=(ct < ce - cs) & ok, other=0.)
-        g_last = gl.load(g_ws + gl.where(ok, ce - 1, bos).to(gl.int64) * HV + i_h)
-        return gc, g_last
+    def _load_chunks(q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
+                     g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
+                     HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
+        """The loader partition: fills stage j % 2 with chunk j once the chain has freed it, and
+        has every loader thread's copies arrive on ready[j % 2] as they land."""
+        for j in range(nc):
+            st = j % 2
+            mbarrier.wait(empty.index(st), ((j // 2) & 1) ^ 1)  # (a fresh barrier passes parity 1)
+            _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
+                         bos, eos, off, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)
+            async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
 
     @gluon.jit
     def _decay(gc, n_t, LP: gl.constexpr):
@@ -144,6 +162,89 @@ if HAS_GLUON:
                                       dtype=gl.float32, is_pure=True, pack=1)
         return gl.where((c[None, :] <= r[:, None]) & (r[:, None] < n_t), e, 0.)
 
+    @gluon.jit
+    def _chain(S, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ckpt_slots, error_flag,
+               bos, eos, off, nc, c0, n_end, first_blk, ck0, i_h, i_v, max_ckpts, num_slots,
+               block_size, s_ot, s_slot,
+               K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BC: gl.constexpr,
+               ROUND_STATE: gl.constexpr, OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr):
+        """The default partition: the state chain over the chunks as they arrive, the output rows,
+        the block-boundary and final states."""
+        NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
+        # register layouts: wgmma accumulators [BV, K] and [BV, 64] (a warp group per 64 rows),
+        # their A-operand forms, and a coalesced layout for the output rows
+        LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
+        L64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BC, 16])
+        A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
+        # P [64, 64] (OWN_P), its columns split between the warp groups
+        LP: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NW // 4],
+                                                     instr_shape=[16, BC // (NW // 4), 16])
+        AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
+        LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [NW, 1], [1, 0])
+        L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        DT: gl.constexpr = q_s.dtype
+        rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
+        ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+        p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
+        ct = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))   # token of the chunk, as a column
+        ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))   # token of the chunk, as a row
+        co = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
+        zero64 = gl.zeros([BV, BC], gl.float32, L64)
+        for j in range(nc):
+            st = j % 2
+            mbarrier.wait(ready.index(st), (j // 2) & 1)  # every loader thread's copies have landed
+            fence_async_shared()  # before wgmma reads them through the async proxy
+            cs = bos + gl.maximum(j * BC - off, 0)
+            n_t = gl.minimum(bos + (j + 1) * BC - off, eos) - cs
+            gc = gc_s.index(st).load(gl.SliceLayout(0, L64))
+            g_last = gl.sum(gl_s.index(st).load(L1), 0)  # (one entry: a scalar)
+            eg = gl.exp(gc)
+
+            if OWN_P:  # P = dec * Q K^T with the intra kernel's operands, k-steps and decay: its bits
+                QK = warpgroup_mma(q_s.index(st), k_s.index(st).permute((1, 0)),
+                                   gl.zeros([BC, BC], gl.float32, LP))
+                p_s.index(0).store((_decay(gc, n_t, LP) * QK).to(DT))
+                fence_async_shared()
+                gl.thread_barrier()
+            Sb = gl.convert_layout(S.to(DT), A64)
+            XT = warpgroup_mma(Sb, k_s.index(st).permute((1, 0)), zero64, is_async=True)
+            OqT = warpgroup_mma(Sb, q_s.index(st).permute((1, 0)), zero64, is_async=True)
+            XT, OqT = warpgroup_mma_wait(0, deps=(XT, OqT))
+            xT = v_s.index(st).permute((1, 0)).load(L64).to(gl.float32) - XT * eg[None, :]
+            vnT = warpgroup_mma(gl.convert_layout(xT.to(DT), A64), t_s.index(st).permute((1, 0)), zero64)
+            oT = warpgroup_mma(gl.convert_layout(vnT.to(DT), A64), p_s.index(0 if OWN_P else st).permute((1, 0)),
+                               OqT * eg[None, :], is_async=True)
+            # v_new scaled in fp32, then rounded once (_seq_chunk's order)
+            w = gl.where(ct < n_t, gl.exp(g_last - gc), 0.)
+            vs = gl.convert_layout((vnT * w[None, :]).to(DT), AS)
+            S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
+            oT, S = warpgroup_mma_wait(0, deps=(oT, S))
+
+            # the output rows, transposed through shared memory into coalesced stores: through the
+            # chunk's v tile, whose entries each thread overwrites are those it read into xT (the
+            # same layout), so no other warp still needs them; without a tile of its own a CTA
+            # at bv 64 needs 112 KB, and two fit an SM
+            v_s.index(st).permute((1, 0)).store(oT.to(DT))
+            gl.thread_barrier()
+            o = v_s.index(st).load(LDV)
+            gl.store(out + (cs + ro).to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :],
+                     o.to(out.dtype.element_ty), mask=(ro < n_t)[:, None])
+            gl.thread_barrier()  # every chain warp is done with stage st ...
+            mbarrier.arrive(empty.index(st))  # ... so the loader may refill it
+
+            p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
+            at_block = (p_end % block_size) == 0
+            if ROUND_STATE:  # the running state equals what a block-boundary slot holds
+                if at_block:
+                    S = S.to(ssm.dtype.element_ty).to(gl.float32)
+            if at_block & (p_end < n_end):
+                i_e = ck0 + (p_end // block_size - first_blk - 1)
+                slot = gl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
+                if slot_ok(slot, num_slots):
+                    gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
+                report(error_flag, bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
+        return S, p_state
+
     # (as _chunk_seq_kernel: T, the pool size and the checkpoint table's length change with the
     # engine's step, not the model; specialised, the first request would recompile the warm-up's)
     @gluon.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
@@ -152,7 +253,8 @@ if HAS_GLUON:
                           error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
                           HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                           BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
-                          OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr):
+                          OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr,
+                          LW: gl.constexpr, LOAD_REGS: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
         NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
@@ -181,105 +283,43 @@ if HAS_GLUON:
         report(error_flag, (ck0 != ck00) | (ck0 + (n_end - 1) // block_size - first_blk > max_ckpts),
                 ERR_META_C, HAS_FLAG)
 
-        # register layouts: wgmma accumulators [BV, K] and [BV, 64] (a warp group per 64 rows),
-        # their A-operand forms, and coalesced layouts for the cp.async tiles
         LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
-        L64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BC, 16])
-        A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
-        # P [64, 64] (OWN_P), its columns split between the warp groups
-        LP: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NW // 4],
-                                                     instr_shape=[16, BC // (NW // 4), 16])
-        AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
-        LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-        LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [NW, 1], [1, 0])
         DT: gl.constexpr = qs_ws.dtype.element_ty
         SH128: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
         SH64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], DT)
         SHV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BV], DT)
+        PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (rank of a stage: 1-D)
+        # two stages of chunk tiles, filled by the loader partition; ready[s]: stage s landed
+        # (every loader thread's copies arrive), empty[s]: the chain is done with it
         q_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
         k_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
         v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
         t_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
-        p_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
+        p_s = gl.allocate_shared_memory(DT, [1 if OWN_P else 2, BC, BC], SH64)  # (own P: made, used, done)
+        gc_s = gl.allocate_shared_memory(gl.float32, [2, BC], PLAIN)
+        gl_s = gl.allocate_shared_memory(gl.float32, [2, 1], PLAIN)
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(2):
+            mbarrier.init(ready.index(s), count=32 * LW)
+            mbarrier.init(empty.index(s), count=1)
 
         # the state S [BV, K]: element [v, k] at ssm[slot, h, v, k]
         rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
         ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
-        p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
         r_slot = gl.load(read_slot + i_n)
         r_ok = slot_ok(r_slot, num_slots)  # only pool slots are dereferenced
-        S = gl.load(ssm + gl.where(r_ok, r_slot, 0).to(gl.int64) * s_slot + p_state,
-                    mask=r_ok & (rv[:, None] < V), other=0.).to(gl.float32)
+        S = gl.load(ssm + gl.where(r_ok, r_slot, 0).to(gl.int64) * s_slot + i_h * (V * K) + rv[:, None] * K
+                    + ck[None, :], mask=r_ok & (rv[:, None] < V), other=0.).to(gl.float32)
         report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
-        ct = gl.arange(0, BC, layout=gl.SliceLayout(0, L64))   # token of the chunk, as a column
-        ro = gl.arange(0, BC, layout=gl.SliceLayout(1, LDV))   # token of the chunk, as a row
-        co = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(0, LDV))
-        zero64 = gl.zeros([BV, BC], gl.float32, L64)
-
-        gc_next, gl_next = _gates(0, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
-        _issue_chunk(0, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc, i_h, i_hk,
-                     i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LD128, LD64, LDV)
-        for j in range(nc):
-            st = j % 2
-            gl.thread_barrier()  # every warp is done with stage (j + 1) % 2 (chunk j - 1)
-            _issue_chunk(j + 1, q_s, k_s, v_s, t_s, p_s, qs_ws, kn_ws, v, t_ws, p_ws, bos, eos, off, nc,
-                         i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LD128, LD64, LDV)
-            async_copy.wait_group(1)  # chunk j's copies have landed (this thread's) ...
-            gl.thread_barrier()       # ... and every thread's
-            fence_async_shared()      # before wgmma reads them through the async proxy
-
-            cs = bos + gl.maximum(j * BC - off, 0)
-            n_t = gl.minimum(bos + (j + 1) * BC - off, eos) - cs
-            gc = gc_next
-            g_last = gl_next
-            gc_next, gl_next = _gates(j + 1, g_ws, bos, eos, off, nc, i_h, ct, HV, BC)
-            eg = gl.exp(gc)
-
-            if OWN_P:  # P = dec * Q K^T with the intra kernel's operands, k-steps and decay: its bits
-                QK = warpgroup_mma(q_s.index(st), k_s.index(st).permute((1, 0)),
-                                   gl.zeros([BC, BC], gl.float32, LP))
-                p_s.index(st).store((_decay(gc, n_t, LP) * QK).to(DT))
-                fence_async_shared()
-                gl.thread_barrier()
-            Sb = gl.convert_layout(S.to(DT), A64)
-            XT = warpgroup_mma(Sb, k_s.index(st).permute((1, 0)), zero64, is_async=True)
-            OqT = warpgroup_mma(Sb, q_s.index(st).permute((1, 0)), zero64, is_async=True)
-            XT, OqT = warpgroup_mma_wait(0, deps=(XT, OqT))
-            xT = v_s.index(st).permute((1, 0)).load(L64).to(gl.float32) - XT * eg[None, :]
-            vnT = warpgroup_mma(gl.convert_layout(xT.to(DT), A64), t_s.index(st).permute((1, 0)), zero64)
-            oT = warpgroup_mma(gl.convert_layout(vnT.to(DT), A64), p_s.index(st).permute((1, 0)),
-                               OqT * eg[None, :], is_async=True)
-            # v_new scaled in fp32, then rounded once (_seq_chunk's order)
-            w = gl.where(ct < n_t, gl.exp(g_last - gc), 0.)
-            vs = gl.convert_layout((vnT * w[None, :]).to(DT), AS)
-            S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
-            oT, S = warpgroup_mma_wait(0, deps=(oT, S))
-
-            # the output rows, transposed through shared memory into coalesced stores: through the
-            # chunk's v tile, whose entries each thread overwrites are those it read into xT (the
-            # same layout), so no other warp still needs them; without a tile of its own a CTA
-            # at bv 64 needs 112 KB, and two fit an SM
-            v_s.index(st).permute((1, 0)).store(oT.to(DT))
-            gl.thread_barrier()
-            o = v_s.index(st).load(LDV)
-            gl.store(out + (cs + ro).to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :],
-                     o.to(out.dtype.element_ty), mask=(ro < n_t)[:, None])
-
-            p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
-            at_block = (p_end % block_size) == 0
-            if ROUND_STATE:  # the running state equals what a block-boundary slot holds
-                if at_block:
-                    S = S.to(ssm.dtype.element_ty).to(gl.float32)
-            if at_block & (p_end < n_end):
-                i_e = ck0 + (p_end // block_size - first_blk - 1)
-                slot = gl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
-                if slot_ok(slot, num_slots):
-                    gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
-                report(error_flag, bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
-
-        async_copy.wait_group(0)
+        S, p_state = gl.warp_specialize([
+            (_chain, (S, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ckpt_slots, error_flag,
+                      bos, eos, off, nc, c0, n_end, first_blk, ck0, i_h, i_v, max_ckpts, num_slots,
+                      block_size, s_ot, s_slot, K, V, BV, BC, ROUND_STATE, OWN_P, HAS_FLAG)),
+            (_load_chunks, (q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
+                            g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)),
+        ], [LW], [LOAD_REGS])
         w_slot = gl.load(write_slot + i_n)
         if slot_ok(w_slot, num_slots):
             gl.store(ssm + w_slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
@@ -302,4 +342,14 @@ def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: in
         meta.ckpt_slots, error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
         meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
         HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, ROUND_STATE=ssm.dtype != torch.float32,
-        OWN_P=own_p, HAS_FLAG=error_flag is not None, num_warps=bv // 16)
+        OWN_P=own_p, HAS_FLAG=error_flag is not None, LW=LOADER_WARPS, LOAD_REGS=LOADER_REGS,
+        num_warps=bv // 16, **launch_regs(bv, own_p))
+
+
+def launch_regs(bv: int, own_p: bool) -> dict:
+    """The register cap a CTA launches with. GLUON_CONFIG's pairing (V tile 64, own P): 128 a
+    thread, so that two CTAs (each a chain warp group and the loader's) share an SM, the warp roles
+    moving 256 - LOADER_REGS of them to the chain (setmaxnreg); its shared memory fits two too.
+    Otherwise Triton's default, one CTA an SM (at V tile 64 without own P the loader's fifth tile
+    would spill at 32 registers)."""
+    return {"maxnreg": 128} if bv == 64 and own_p else {}

@@ -133,16 +133,17 @@ with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0
 
 
 GLUON_CONFIG = ChunkConfig(seq_kernel="gluon", bv=64)
-"""For steps whose prefill rows times value heads reach GLUON_MIN_PAIRS, where the Gluon kernel
-can run (chunk_gluon.gluon_seq_supported): two CTAs per (sequence, head), each with 64 rows of V
-and the state as wgmma's register operand, two CTAs an SM (112 KB of shared memory and 240
-registers a thread each). On an H100 (HV 32 / 16, bf16, a state every 256 tokens) the kernel at
-V tile 128 (one CTA an SM) ran 1.11-1.13x Triton's at 128 to 1,024 such pairs and 0.62-0.80x at
-16 to 64 (profiling/results/2026-12-06/SUMMARY.md); at V tile 64 with two CTAs an SM it ran
-1.11-1.15x its V-tile-128 self at 8 x 2048 (profiling/results/2026-12-07/SUMMARY.md)."""
+"""For steps of two or more prefill sequences whose rows times value heads reach GLUON_MIN_PAIRS,
+where the Gluon kernel can run (chunk_gluon.gluon_seq_supported): two CTAs per (sequence, head),
+each with 64 rows of V, the state as wgmma's register operand, P made from the chunk's q and k,
+and a loader warp group feeding the chain; two CTAs an SM (105 KB of shared memory and 128
+registers a thread each). On an H100 (HV 32 / 16, bf16, a state every 256 tokens) the kernel
+alone ran 1.34-1.44x Triton's (MANY_SEQS_CONFIG) at 8 x 2048, 4 x 16384 and 32 x 512, and the
+whole prefill 1.13-1.30x at 32 to 256 pairs (profiling/results/2026-12-07/SUMMARY.md, thirty-third
+stop; without the loader it was 0.99-1.04x at 32 and 64 pairs)."""
 
-GLUON_MIN_PAIRS = 128  # (sequence, value head) pairs: at V tile 64 two CTAs each, about the 2 x 132
-# CTAs an H100 holds at once (measured: 0.91-0.95x Triton's below, 1.29-1.31x from here)
+GLUON_MIN_PAIRS = 32  # (sequence, value head) pairs; the fewest measured (one sequence of 8,192
+# at HV 32: 1.19x MANY_SEQS_CONFIG); below it Triton's kernel, untimed against the Gluon one
 
 
 def chunk_config(num_seqs: int | None, dtype: torch.dtype, HV: int | None = None,

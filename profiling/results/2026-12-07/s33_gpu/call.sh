@@ -23,7 +23,7 @@ if [ "$n" = 1 ]; then
 fi
 wait
 export PYTHONPATH=$PYTHONPATH:$FI
-part bench_prefill $(( 575 - ($(date +%s) - T0) )) python3 profiling/bench_prefill.py --out "$W" --quick \
+part bench_prefill $(( $([ "$n" = 1 ] && echo 575 || echo 455) - ($(date +%s) - T0) )) python3 profiling/bench_prefill.py --out "$W" --quick \
   --only ours,fi --tp 1,2 --no-sweep --no-fla --no-vllm
 grep -E "passed|failed|^FAILED|^ERROR|Error" "$W/tier.log" | tail -8
 cat "$W"/probe_*.log 2>/dev/null | cut -c1-160 | tail -24

@@ -29,10 +29,10 @@ SMs.
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
 on shared-memory copies of the state. With the loader warp group this kernel alone ran 1.34-1.44x
 Triton's at 8 x 2048 (TP 1 and 2), 4 x 16384 and 32 x 512 on an H100 (the same kernel issuing its
-own copies: 1.04-1.09x slower at V tile 64 with own P, 1.08-1.22x at 128), and the whole prefill 1.13-1.30x at 32 to 256 (sequence, value head)
-pairs, so ``chunk_config`` takes it from two sequences and 32 pairs
-(profiling/results/2026-12-07/SUMMARY.md, thirty-third stop; README "Conventions": a launch
-choice never changes a bit).
+own copies: 1.04-1.09x slower at V tile 64 with own P, 1.08-1.22x at 128), and the whole prefill
+1.13-1.30x at 32 to 256 (sequence, value head) pairs, so ``chunk_config`` takes it from two
+sequences and 32 pairs (profiling/results/2026-12-07/SUMMARY.md, thirty-third stop; README
+"Conventions": a launch choice never changes a bit).
 
 The same memory-safety repairs and error codes as ``_chunk_seq_kernel`` (gdn_graphs.ops.common).
 K = V = 128 and bf16 inputs only (``gluon_seq_supported``; fp16 would compile the same way but has

@@ -223,7 +223,7 @@ if HAS_GLUON:
             # the output rows, transposed through shared memory into coalesced stores: through the
             # chunk's v tile, whose entries each thread overwrites are those it read into xT (the
             # same layout), so no other warp still needs them; without a tile of its own a CTA
-            # at bv 64 needs 112 KB, and two fit an SM
+            # at bv 64 with own P needs 105 KB, and two fit an SM
             v_s.index(st).permute((1, 0)).store(oT.to(DT))
             gl.thread_barrier()
             o = v_s.index(st).load(LDV)

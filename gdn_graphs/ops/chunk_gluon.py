@@ -63,7 +63,7 @@ try:  # Gluon ships with Triton >= 3.5 (experimental)
 except ImportError:  # pragma: no cover - Triton without Gluon: Triton's kernel runs everywhere
     HAS_GLUON = False
 
-__all__ = ["HAS_GLUON", "gluon_seq_supported", "chunk_seq_fwd_gluon"]
+__all__ = ["HAS_GLUON", "gluon_seq_supported", "rows_copyable", "chunk_seq_fwd_gluon"]
 
 LOADER_WARPS = 4   # the loader partition: a warp group issuing the chunks' masked cp.async
 LOADER_REGS = 32   # its registers a thread (setmaxnreg); at V tile 64 the chain gets 224
@@ -74,29 +74,36 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
+def rows_copyable(x: torch.Tensor) -> bool:
+    """Whether cp.async may copy x's rows [T, H, D] in 16-byte pieces: unit stride in D, a token
+    stride that is a multiple of 16 elements and a 16-byte aligned start (every packed qkv layout)."""
+    return x.stride(2) == 1 and x.stride(0) % 16 == 0 and x.data_ptr() % 16 == 0
+
+
 def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
     """Whether ``chunk_seq_fwd_gluon`` can run on v [T, HV, V] with key dim K (host facts only, no
     sync): Gluon present and no interpreter, a Hopper GPU (sm_90), bf16 v (the dtype its GPU tests
-    ran), K = V = 128, and v's rows 16-byte aligned (cp.async copies 16 bytes: a token stride that
-    is a multiple of 16 elements and a 16-byte aligned start, as in every packed qkv layout)."""
+    ran), K = V = 128, and v's rows copyable by cp.async (``rows_copyable``)."""
     if not HAS_GLUON or interpreting() or v.device.type != "cuda":
         return False
     if v.dtype != torch.bfloat16 or v.dim() != 3 or (K, v.shape[2]) != (128, 128):
         return False
-    if v.stride(2) != 1 or v.stride(0) % 16 or v.data_ptr() % 16:
+    if not rows_copyable(v):
         return False
     return _is_sm90(v.device.index if v.device.index is not None else torch.cuda.current_device())
 
 
 if HAS_GLUON:
     @gluon.jit
-    def _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
+    def _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, q_src, k_src, v, t_ws, p_ws, g_ws,
                      bos, eos, off, i_h, i_hk, i_v, s_vt,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
-        """cp.async chunk j's q, k, v, T' rows (and P's unless the kernel makes P: OWN_P), its
-        cumulative log decays gc and its last one into stage st by the LW loader warps (rows
-        outside the span: zeros, nothing read; Triton's masked loads)."""
+                     BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
+                     OWN_P: gl.constexpr, LW: gl.constexpr):
+        """cp.async chunk j's q, k rows (the workspace's normalised ones, or the caller's raw ones:
+        OWN_QK), v, T' rows (and P's unless the kernel makes P: OWN_P), its cumulative log decays
+        gc and its last one into stage st by the LW loader warps (rows outside the span: zeros,
+        nothing read; Triton's masked loads)."""
         LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LW, 1], [1, 0])
         LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LW, 1], [1, 0])
         LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [LW, 1], [1, 0])
@@ -116,9 +123,9 @@ if HAS_GLUON:
         row64 = (cs + r64).to(gl.int64)[:, None]
         m128 = (r128 < n_t)[:, None]
         m64 = (r64 < n_t)[:, None]
-        async_copy.async_copy_global_to_shared(q_s.index(st), qs_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
+        async_copy.async_copy_global_to_shared(q_s.index(st), q_src + row128 * S_QT + i_hk * K + c128[None, :],
                                                mask=m128)
-        async_copy.async_copy_global_to_shared(k_s.index(st), kn_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
+        async_copy.async_copy_global_to_shared(k_s.index(st), k_src + row128 * S_KT + i_hk * K + c128[None, :],
                                                mask=m128)
         async_copy.async_copy_global_to_shared(v_s.index(st), v + (cs + rvv).to(gl.int64)[:, None] * s_vt
                                                + i_h * V + i_v * BV + cvv[None, :], mask=(rvv < n_t)[:, None])
@@ -132,18 +139,45 @@ if HAS_GLUON:
         async_copy.async_copy_global_to_shared(gl_s.index(st), g_ws + (cs + n_t - 1 + r1).to(gl.int64) * HV + i_h)
 
     @gluon.jit
-    def _load_chunks(q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
-                     g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
+    def _normalise_rows(x_s, scale, SCALED: gl.constexpr, LW: gl.constexpr):
+        """l2-normalise the rows of x_s [64, 128] in place (times scale where SCALED): the intra
+        kernel's arithmetic in its layout (chunk_intra_gluon's LD, one warp group), hence its bits,
+        8 rows at a time so that the loader's 32 registers hold them."""
+        L8: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LW, 1], [1, 0])
+        R: gl.constexpr = 2 * LW
+        for s in gl.static_range(x_s.shape[0] // R):
+            sl = x_s.slice(s * R, R, 0)
+            x = sl.load(L8).to(gl.float32)
+            r = gl.rsqrt(gl.sum(x * x, 1) + 1e-6)
+            if SCALED:
+                r = r * scale
+            sl.store((x * r[:, None]).to(x_s.dtype))
+
+    @gluon.jit
+    def _load_chunks(q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, q_src, k_src, v, t_ws, p_ws,
+                     g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, scale,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
-        """The loader partition: fills stage j % 2 with chunk j once the chain has freed it, and
-        has every loader thread's copies arrive on ready[j % 2] as they land."""
+                     BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
+                     OWN_P: gl.constexpr, OWN_QK: gl.constexpr, LW: gl.constexpr):
+        """The loader partition: fills stage j % 2 with chunk j once the chain has freed it. Every
+        loader thread's copies arrive on ready[j % 2] as they land; with OWN_QK the loader first
+        waits for them, normalises the raw q and k rows in place and then arrives once."""
         for j in range(nc):
             st = j % 2
             mbarrier.wait(empty.index(st), ((j // 2) & 1) ^ 1)  # (a fresh barrier passes parity 1)
-            _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
-                         bos, eos, off, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)
-            async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
+            _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, q_src, k_src, v, t_ws, p_ws, g_ws,
+                         bos, eos, off, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, S_QT, S_KT, OWN_P, LW)
+            if OWN_QK:
+                async_copy.commit_group()
+                async_copy.wait_group(0)
+                gl.thread_barrier()  # every loader thread's rows have landed
+                _normalise_rows(k_s.index(st), scale, False, LW)
+                _normalise_rows(q_s.index(st), scale, True, LW)
+                fence_async_shared()  # (the chain reads them through wgmma)
+                gl.thread_barrier()
+                mbarrier.arrive(ready.index(st))
+            else:
+                async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
 
     @gluon.jit
     def _decay(gc, n_t, LP: gl.constexpr):
@@ -248,12 +282,13 @@ if HAS_GLUON:
     # (as _chunk_seq_kernel: T, the pool size and the checkpoint table's length change with the
     # engine's step, not the model; specialised, the first request would recompile the warm-up's)
     @gluon.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
-    def _seq_gluon_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
+    def _seq_gluon_kernel(out, v, t_ws, p_ws, g_ws, q_src, k_src, ssm,
                           cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
-                          error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
+                          error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot, scale,
                           HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                          BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
-                          OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr,
+                          BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
+                          ROUND_STATE: gl.constexpr,
+                          OWN_P: gl.constexpr, OWN_QK: gl.constexpr, HAS_FLAG: gl.constexpr,
                           LW: gl.constexpr, LOAD_REGS: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
@@ -284,13 +319,14 @@ if HAS_GLUON:
                 ERR_META_C, HAS_FLAG)
 
         LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
-        DT: gl.constexpr = qs_ws.dtype.element_ty
+        DT: gl.constexpr = q_src.dtype.element_ty
         SH128: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
         SH64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], DT)
         SHV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BV], DT)
         PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (rank of a stage: 1-D)
         # two stages of chunk tiles, filled by the loader partition; ready[s]: stage s landed
-        # (every loader thread's copies arrive), empty[s]: the chain is done with it
+        # (every loader thread's copies arrive; OWN_QK: the loader, once, after normalising them),
+        # empty[s]: the chain is done with it
         q_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
         k_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
         v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
@@ -301,7 +337,7 @@ if HAS_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(2):
-            mbarrier.init(ready.index(s), count=32 * LW)
+            mbarrier.init(ready.index(s), count=1 if OWN_QK else 32 * LW)
             mbarrier.init(empty.index(s), count=1)
 
         # the state S [BV, K]: element [v, k] at ssm[slot, h, v, k]
@@ -317,8 +353,9 @@ if HAS_GLUON:
             (_chain, (S, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ckpt_slots, error_flag,
                       bos, eos, off, nc, c0, n_end, first_blk, ck0, i_h, i_v, max_ckpts, num_slots,
                       block_size, s_ot, s_slot, K, V, BV, BC, ROUND_STATE, OWN_P, HAS_FLAG)),
-            (_load_chunks, (q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
-                            g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)),
+            (_load_chunks, (q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, q_src, k_src, v, t_ws, p_ws,
+                            g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, scale,
+                            HK, HV, K, V, BV, BC, S_QT, S_KT, OWN_P, OWN_QK, LW)),
         ], [LW], [LOAD_REGS])
         w_slot = gl.load(write_slot + i_n)
         if slot_ok(w_slot, num_slots):
@@ -327,23 +364,30 @@ if HAS_GLUON:
 
 
 def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 64,
-                        own_p: bool = False, error_flag=None):
+                        own_p: bool = False, qk=None, error_flag=None):
     """Launch the Gluon sequential kernel (no checks; see chunk.gdn_chunk_prefill) after
     chunk_intra_fwd filled ``ws``: the arguments and effects of chunk.chunk_seq_fwd, and its bits.
     bv: rows of V a CTA owns, 128 (two warp groups) or 64 (one). own_p: make each chunk's P from
     its q and k tiles instead of reading ws.p; only after chunk_intra_gluon's kernel, whose P bits
-    it repeats (that kernel then need not store P). Only where ``gluon_seq_supported``."""
+    it repeats (that kernel then need not store P). qk: (q, k, scale), the prefill's raw q and k
+    [T, HK, K] (rows ``rows_copyable``) and q's scale, whose rows the loader normalises itself
+    instead of reading ws.qs and ws.kn; only after chunk_intra_gluon's kernel, whose bits it
+    repeats (that kernel then need not store them). Only where ``gluon_seq_supported``."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
+    # (the workspace's rows are HK K apart: it may be sized for more key heads than this call's;
+    # the token strides are the model's constants, so constexpr: no registers in the loader)
+    q, k, scale = qk if qk is not None else (ws.qs, ws.kn, 1.0)
+    s_qt, s_kt = (q.stride(0), k.stride(0)) if qk is not None else (HK * K, HK * K)
     _seq_gluon_kernel[(HV * (V // bv), meta.max_seqs)](
-        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
+        out, v, ws.t, ws.p, ws.g, q, k, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
-        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
-        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, ROUND_STATE=ssm.dtype != torch.float32,
-        OWN_P=own_p, HAS_FLAG=error_flag is not None, LW=LOADER_WARPS, LOAD_REGS=LOADER_REGS,
-        num_warps=bv // 16, **launch_regs(bv, own_p))
+        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0), float(scale),
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, S_QT=s_qt, S_KT=s_kt, ROUND_STATE=ssm.dtype != torch.float32,
+        OWN_P=own_p, OWN_QK=qk is not None, HAS_FLAG=error_flag is not None, LW=LOADER_WARPS,
+        LOAD_REGS=LOADER_REGS, num_warps=bv // 16, **launch_regs(bv, own_p))
 
 
 def launch_regs(bv: int, own_p: bool) -> dict:

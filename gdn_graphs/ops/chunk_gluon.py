@@ -280,7 +280,8 @@ if HAS_GLUON:
                 if slot_ok(slot, num_slots):
                     if STATE_TMA:
                         SD: gl.constexpr = ssm.dtype.element_ty
-                        NB: gl.constexpr = 128 // SD.primitive_bitwidth  # states in a stage's q and k
+                        NB: gl.constexpr = 32 // SD.primitive_bitwidth  # states that fit a stage's q and k tiles
+                        gl.static_assert(2 * NB * BV * SD.primitive_bitwidth == 4 * BC * DT.primitive_bitwidth)
                         SHS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
                                                                  element_bitwidth=SD.primitive_bitwidth, rank=2)
                         st_s = qk_s._reinterpret(SD, [2 * NB, BV, K], SHS).index(NB * st)

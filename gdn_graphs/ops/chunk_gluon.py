@@ -21,10 +21,15 @@ SMs.
     and free the stage (``empty``). So the chain issues no copy and computes no address but its
     stores, and a chunk's loads run while the previous chunk computes. With OWN_P the chain
     makes P = dec * Q K^T itself from the q and k tiles (the Gluon intra kernel's bits:
-    ``_decay``) and the intra kernel does not store it. The output tile is transposed through the
-    chunk's v tile, so at V tile 64 with own P a CTA needs 105 KB of shared memory and 2 x 128
-    threads x 128 registers, and two CTAs share an SM, one's arithmetic overlapping the other's
-    waits on memory.
+    ``_decay``) and the intra kernel does not store it. With OWN_QK the loader copies the caller's
+    raw q and k rows and l2-normalises them in place before it signals the stage (the intra
+    kernel's arithmetic in its layout, so its bits), and the intra kernel loads no q and stores
+    neither. With STATE_TMA a block state leaves through the stage's q and k tiles (32 KB, read by
+    nothing more once the chunk's products are done) by one TMA store, the stage freed once the
+    TMA engine has read them, instead of each chain thread's 64 global stores. The output tile is
+    transposed through the chunk's v tile, so at V tile 64 with own P a CTA needs 105 KB of shared
+    memory and 2 x 128 threads x 128 registers, and two CTAs share an SM, one's arithmetic
+    overlapping the other's waits on memory.
 
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
 on shared-memory copies of the state. With the loader warp group this kernel alone ran 1.34-1.44x

@@ -286,7 +286,7 @@ def bench_ours(torch, triton, case, quick, cfg=None):
                 case.q, case.k, case.a, case.b, case.A_log, case.dt_bias, case.out, case.ws,
                 meta, K ** -0.5, num_warps=cfg.warps_intra, dot_precision="tf32", inv_precision="tf32")
 
-        def intra():  # the kernel the library takes here (returns what it leaves the seq kernel)
+        def intra():  # the kernel the library takes here (returns whether the seq kernel makes P)
             return chunk_intra_fwd_for(case.q, case.k, case.a, case.b, case.A_log, case.dt_bias, case.out,
                                        case.ws, meta, K ** -0.5, cfg, "tf32", "tf32")
 
@@ -297,9 +297,9 @@ def bench_ours(torch, triton, case, quick, cfg=None):
         ms_intra = bench_ms(triton, intra, quick)
         ms_intra_triton = bench_ms(triton, intra_triton, quick) if gluon_intra else ms_intra
         ck = intra_triton()
-        left = intra()
+        own_p = intra()
         ms_seq = bench_ms(triton, lambda: chunk_seq_fwd_by(cfg, case.out, case.v, case.pool, case.ws, meta,
-                                                           case.HK, **left), quick)
+                                                           case.HK, own_p=own_p), quick)
         res[name] = dict(ms=ms, Mtok_s=mtok(case.T, ms), ms_intra=ms_intra, ms_intra_triton=ms_intra_triton,
                          ms_seq=ms_seq,
                          checkpoints=int(meta.ckpt_offsets[-1].item()),

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
-from gdn_graphs.ops import chunk_gluon
-from gdn_graphs.ops.chunk_gluon import gluon_seq_supported, rows_copyable
+from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.common import ERR_SLOT
 from gdn_graphs.ops.meta import chunk_meta, num_checkpoints
 from gdn_graphs.ops.workspace import GLUON_CONFIG, GLUON_MIN_PAIRS, MANY_SEQS_CONFIG, chunk_config
@@ -60,30 +59,21 @@ def test_gluon_refused_where_it_cannot_run(device):
 
 _COMPILE_SCRIPT = r"""
 import itertools
-from triton.experimental.gluon import language as gl
 from gdn_graphs.ops import chunk_gluon as G
 from sm90_compile import compile_sm90, ptxas_report
 
 ints = ("T", "max_ckpts", "num_slots", "block_size")
 meta = {"cu_seqlens", "start_pos", "read_slot", "write_slot", "ckpt_offsets", "ckpt_slots", "error_flag"}
 divisible = lambda name, ty: ty.startswith("*") or name.startswith("s_") or name == "block_size"  # the launcher's
-# (P, and the normalised q and k, made by the kernel itself, and block states out by TMA, only at
-# V tile 64, where gdn_chunk_prefill asks for them)
-for (HK, HV), (bv, own_p, own_qk, tma), round_state, has_flag in itertools.product(
-        ((16, 32), (8, 16)), ((128, False, False, False), (64, False, False, False), (64, True, False, False),
-                              (64, True, True, False), (64, True, True, True)), (False, True), (False, True)):
-    s_qk = (2 * HK * 128 + HV * 128) if own_qk else HK * 128  # (a packed qkv row, or the workspace's)
+# (P made by the kernel itself only at V tile 64, where gdn_chunk_prefill asks for it)
+for (HK, HV), (bv, own_p), round_state, has_flag in itertools.product(
+        ((16, 32), (8, 16)), ((128, False), (64, False), (64, True)), (False, True), (False, True)):
     consts = dict(HK=HK, HV=HV, K=128, V=128, BV=bv, BC=64, ROUND_STATE=round_state, OWN_P=own_p,
-                  OWN_QK=own_qk, STATE_TMA=tma, S_QT=s_qk, S_KT=s_qk, LW=G.LOADER_WARPS, LOAD_REGS=G.LOADER_REGS)
-    sd = "bf16" if round_state else "fp32"
-    box = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16 if round_state else 32, rank=3)
-    special = dict(g_ws="*fp32", scale="fp32", **({} if round_state else dict(ssm="*fp32")),
-                   **(dict(ssm_desc=f"tensordesc<{sd}[1, {bv}, 128],{box!r}>") if tma else {}))
-    if not tma:
-        consts["ssm_desc"] = None
+                  LW=G.LOADER_WARPS, LOAD_REGS=G.LOADER_REGS)
+    special = dict(g_ws="*fp32", **({} if round_state else dict(ssm="*fp32")))
     ck = compile_sm90(G._seq_gluon_kernel, consts, special, meta, ints, has_flag, bv // 16, divisible,
                       **G.launch_regs(bv, own_p))
-    name = f"HV {HV} bv {bv} round {round_state} flag {has_flag} own P {own_p} own qk {own_qk} tma {tma}"
+    name = f"HV {HV} bv {bv} round {round_state} flag {has_flag} own P {own_p}"
     regs, spills = ptxas_report(ck)
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)
     assert ck.metadata.shared <= 227 * 1024, (name, ck.metadata.shared)
@@ -94,12 +84,10 @@ for (HK, HV), (bv, own_p, own_qk, tma), round_state, has_flag in itertools.produ
     # S k^T, S q^T (8 k-steps each), v_new, out, the state (4 each), Q K^T (8, own P)
     assert ck.asm["ptx"].count("wgmma.mma_async") == 28 + 8 * own_p, (name, "wgmma count")
     assert "cp.async" in ck.asm["ptx"], (name, "no cp.async ring")
-    assert ck.asm["ptx"].count("cp.async.bulk.tensor") == tma, (name, "the states' TMA store")
     assert ("atom" in ck.asm["ptx"]) == has_flag, (name, "the flag's atomic")
     # nothing but, at V tile 64, a register or two of the loader partition at its 32 (setmaxnreg):
-    # 4-8 bytes a chunk (SASS: the STL sits in the loader's loop; the chain has none), 12 with
-    # TMA stores of bf16 states
-    assert max(spills) <= (12 if tma else 8) * (bv == 64), (name, "spills registers")
+    # 4-8 bytes a chunk (SASS: the STL sits in the loader's loop; the chain has none)
+    assert max(spills) <= 8 * (bv == 64), (name, "spills registers")
 """
 
 
@@ -164,28 +152,18 @@ def _same(a, b):
 @pytest.mark.gpu
 @pytest.mark.parametrize("HK,HV", [(16, 32), (8, 16)])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_gpu_gluon_gives_the_triton_bits(gpu, HK, HV, pool_dtype, monkeypatch):
+def test_gpu_gluon_gives_the_triton_bits(gpu, HK, HV, pool_dtype):
     """Outputs (padding rows included) and every slot, written or not, equal the Triton kernel's
-    bit for bit, for both V tiles and at V tile 64 with q and k normalised by either kernel and
-    block states stored by TMA or by each thread: starts mid-chunk and mid-block, read slots, a
-    dropped checkpoint, spans of 1 to 2,049 tokens, a sequence of many blocks."""
+    bit for bit, for both V tiles: starts mid-chunk and mid-block, read slots, a dropped
+    checkpoint, spans of 1 to 2,049 tokens, a sequence of many blocks."""
     seqs = [(300, 0), (1000, 320), (64, 100), (2049, 512), (1, 7), (130, 256), (4096, 0), (77, 37)]
     inputs, pool0, meta = _batch(gpu, seqs, HK, HV, 256, pool_dtype, seed=11, drop={(3, 1)})
     assert gluon_seq_supported(inputs[2], 128)
-    # the same q and k in rows cp.async cannot copy (a token stride of HK K + 8 elements): at V
-    # tile 64 the intra kernel then stores them normalised, else the loader normalises them
-    q, k = (torch.empty(t.shape[0], HK * 128 + 8, dtype=t.dtype, device=gpu)[:, :HK * 128].unflatten(1, (HK, 128))
-            for t in inputs[:2])
-    q.copy_(inputs[0]), k.copy_(inputs[1])
-    assert rows_copyable(inputs[0]) and not rows_copyable(q)
     ref = _run(inputs, pool0, meta, MANY_SEQS_CONFIG)
-    assert chunk_gluon.state_descriptor(pool0, 64) is not None  # (its slots 8 elements apart: a 3-D box)
-    for cfg, args, tma in ((GLUON_CONFIG, inputs, True), (GLUON_CONFIG, inputs, False),
-                           (GLUON_CONFIG, (q, k, *inputs[2:]), True), (GLUON_128, inputs, True)):
-        monkeypatch.setattr(chunk_gluon, "STATE_TMA", tma)
-        got = _run(args, pool0, meta, cfg)
-        assert torch.equal(got[0], ref[0]), (cfg, tma, "outputs differ")
-        assert _same(got[1], ref[1]), (cfg, tma, "pool differs")
+    for cfg in (GLUON_CONFIG, GLUON_128):
+        got = _run(inputs, pool0, meta, cfg)
+        assert torch.equal(got[0], ref[0]), (cfg, "outputs differ")
+        assert _same(got[1], ref[1]), (cfg, "pool differs")
 
 
 @pytest.mark.gpu

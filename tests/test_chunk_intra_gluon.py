@@ -41,13 +41,12 @@ from sm90_compile import compile_sm90, ptxas_report
 
 meta = {"cu_seqlens", "start_pos", "chunk_seq", "chunk_idx", "error_flag"}
 special = dict(scale="fp32", g_ws="*fp32", A_log="*fp32", dt_bias="*fp32")
-# (P, and q and k, stored or left to the sequential kernel: what chunk_intra_fwd_for asks)
-for (HK, HV), dt, has_flag, (store_p, store_qk) in itertools.product(
-        ((16, 32), (8, 16)), ("bf16", "fp16"), (False, True), ((True, True), (False, True), (False, False))):
-    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64, STORE_P=store_p, STORE_QK=store_qk)
+for (HK, HV), dt, has_flag, store_p in itertools.product(((16, 32), (8, 16)), ("bf16", "fp16"), (False, True),
+                                                         (True, False)):
+    consts = dict(HK=HK, HV=HV, K=128, V=128, BC=64, STORE_P=store_p)
     ck = compile_sm90(G._intra_gluon_kernel, consts, special, meta, ("T", "max_seqs", "max_chunks"),
                       has_flag, 4, default="*" + dt)
-    name = f"HV {HV} {dt} flag {has_flag} store P {store_p} store qk {store_qk}"
+    name = f"HV {HV} {dt} flag {has_flag} store P {store_p}"
     regs, spills = ptxas_report(ck)
     ptx = ck.asm["ptx"]
     print(name, "regs", regs, "spill stores", spills, "shared", ck.metadata.shared)

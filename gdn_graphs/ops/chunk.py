@@ -68,7 +68,7 @@ from gdn_graphs.ops.common import (ERR_META_C, ERR_SLOT_C, ERR_TOKENS_C, FLOAT_D
                                    cast_like_gpu, check_flag, check_meta, clip_pos, clip_span,
                                    dot_like_gpu, fail, first_overlap, gdn_gate, interpreting,
                                    inv_l2norm, report, slot_ok, span_chunks)
-from gdn_graphs.ops.chunk_gluon import chunk_seq_fwd_gluon, gluon_seq_supported, rows_copyable
+from gdn_graphs.ops.chunk_gluon import chunk_seq_fwd_gluon, gluon_seq_supported
 from gdn_graphs.ops.chunk_intra_gluon import chunk_intra_fwd_gluon, gluon_intra_supported
 from gdn_graphs.ops.meta import ChunkMeta
 from gdn_graphs.ops.workspace import (DEFAULT_CONFIG, ChunkConfig, ChunkWorkspace, check_workspace,
@@ -483,7 +483,7 @@ def chunk_seq_fwd(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
 
 
 def chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta, scale: float,
-                        cfg: ChunkConfig, dot_precision: str, inv_precision: str, error_flag=None) -> dict:
+                        cfg: ChunkConfig, dot_precision: str, inv_precision: str, error_flag=None) -> bool:
     """The chunk-parallel kernel this model and device take for every step (no checks; see
     gdn_chunk_prefill): the Gluon one where ``gluon_intra_supported`` (Hopper, bf16 inputs,
     K = V = 128), else Triton's with ``cfg``'s warps. The two differ in T''s last bits, so the
@@ -491,28 +491,25 @@ def chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, met
     The Gluon one leaves P to a Gluon sequential kernel at V tile 64 (``cfg``; GLUON_CONFIG),
     which makes P's bits itself: 16-18% off this kernel, 7-11% on that one, the pair 2-5% faster
     at 8 x 2048 and 4 x 16384 (H100, thirty-first stop, profiling/results/2026-12-07/SUMMARY.md;
-    at V tile 128, one CTA an SM, it cost that kernel 11-15%, more than it saved). Where q's and
-    k's rows are ``rows_copyable`` it leaves that kernel the normalised q and k too: its loader
-    warps normalise the raw rows off the chain. Returns the keyword arguments that tell
-    chunk_seq_fwd_by what it must make ({}: nothing)."""
+    at V tile 128, one CTA an SM, it cost that kernel 11-15%, more than it saved). Returns whether
+    that kernel must make P (own_p for chunk_seq_fwd_by)."""
     if gluon_intra_supported(q, ws.V):
         own_p = cfg.seq_kernel == "gluon" and cfg.bv == 64
-        own_qk = own_p and rows_copyable(q) and rows_copyable(k)
         chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, store_p=not own_p,
-                              store_qk=not own_qk, error_flag=error_flag)
-        return dict(own_p=own_p, qk=(q, k, scale) if own_qk else None)
+                              error_flag=error_flag)
+        return own_p
     chunk_intra_fwd(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, num_warps=cfg.warps_intra,
                     dot_precision=dot_precision, inv_precision=inv_precision, error_flag=error_flag)
-    return {}
+    return False
 
 
 def chunk_seq_fwd_by(cfg: ChunkConfig, out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int,
-                     dot_precision: str = "tf32", own_p: bool = False, qk=None, error_flag=None):
+                     dot_precision: str = "tf32", own_p: bool = False, error_flag=None):
     """The sequential kernel ``cfg`` names (Triton's, or the Gluon one on Hopper) with its knobs;
-    no checks (see gdn_chunk_prefill). Both give the same bits. own_p, qk: what chunk_intra_fwd_for
-    returned (the Gluon kernel makes P, or normalises q and k; the workspace does not hold them)."""
+    no checks (see gdn_chunk_prefill). Both give the same bits. own_p: what chunk_intra_fwd_for
+    returned (the Gluon kernel makes P; ws.p was not written)."""
     if cfg.seq_kernel == "gluon":
-        chunk_seq_fwd_gluon(out, v, ssm, ws, meta, HK, bv=cfg.bv, own_p=own_p, qk=qk, error_flag=error_flag)
+        chunk_seq_fwd_gluon(out, v, ssm, ws, meta, HK, bv=cfg.bv, own_p=own_p, error_flag=error_flag)
     else:
         chunk_seq_fwd(out, v, ssm, ws, meta, HK, bv=cfg.bv, num_warps=cfg.warps_seq,
                       num_stages=cfg.stages_for(ws.dtype), dot_precision=dot_precision,
@@ -572,8 +569,8 @@ def gdn_chunk_prefill(q, k, v, a, b, A_log, dt_bias, ssm, meta: ChunkMeta, out=N
     fp32 = q.dtype == torch.float32
     dot_prec = (cfg.dot_precision or "tf32x3") if fp32 else "tf32"  # ignored for 16-bit operands
     inv_prec = cfg.inv_precision or ("tf32x3" if fp32 else "tf32")
-    left = chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale, cfg, dot_prec,
-                               inv_prec, error_flag=error_flag)
-    chunk_seq_fwd_by(cfg, out, v, ssm, workspace, meta, HK, dot_precision=dot_prec, error_flag=error_flag,
-                     **left)
+    own_p = chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, workspace, meta, scale, cfg, dot_prec,
+                                inv_prec, error_flag=error_flag)
+    chunk_seq_fwd_by(cfg, out, v, ssm, workspace, meta, HK, dot_precision=dot_prec, own_p=own_p,
+                     error_flag=error_flag)
     return out

@@ -21,15 +21,10 @@ SMs.
     and free the stage (``empty``). So the chain issues no copy and computes no address but its
     stores, and a chunk's loads run while the previous chunk computes. With OWN_P the chain
     makes P = dec * Q K^T itself from the q and k tiles (the Gluon intra kernel's bits:
-    ``_decay``) and the intra kernel does not store it. With OWN_QK the loader copies the caller's
-    raw q and k rows and l2-normalises them in place before it signals the stage (the intra
-    kernel's arithmetic in its layout, so its bits), and the intra kernel loads no q and stores
-    neither. With STATE_TMA a block state leaves through the stage's q and k tiles (32 KB, read by
-    nothing more once the chunk's products are done) by one TMA store, the stage freed once the
-    TMA engine has read them, instead of each chain thread's 64 global stores. The output tile is
-    transposed through the chunk's v tile, so at V tile 64 with own P a CTA needs 105 KB of shared
-    memory and 2 x 128 threads x 128 registers, and two CTAs share an SM, one's arithmetic
-    overlapping the other's waits on memory.
+    ``_decay``) and the intra kernel does not store it. The output tile is transposed through the
+    chunk's v tile, so at V tile 64 with own P a CTA needs 105 KB of shared memory and 2 x 128
+    threads x 128 registers, and two CTAs share an SM, one's arithmetic overlapping the other's
+    waits on memory.
 
 Why it exists: with several sequences Triton's kernel spends its time on the chain's latency and
 on shared-memory copies of the state. With the loader warp group this kernel alone ran 1.34-1.44x
@@ -62,14 +57,13 @@ try:  # Gluon ships with Triton >= 3.5 (experimental)
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma, warpgroup_mma,
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAS_GLUON = True
 except ImportError:  # pragma: no cover - Triton without Gluon: Triton's kernel runs everywhere
     HAS_GLUON = False
 
-__all__ = ["HAS_GLUON", "gluon_seq_supported", "rows_copyable", "chunk_seq_fwd_gluon"]
+__all__ = ["HAS_GLUON", "gluon_seq_supported", "chunk_seq_fwd_gluon"]
 
 LOADER_WARPS = 4   # the loader partition: a warp group issuing the chunks' masked cp.async
 LOADER_REGS = 32   # its registers a thread (setmaxnreg); at V tile 64 the chain gets 224
@@ -80,36 +74,29 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def rows_copyable(x: torch.Tensor) -> bool:
-    """Whether cp.async may copy x's rows [T, H, D] in 16-byte pieces: unit stride in D, a token
-    stride that is a multiple of 16 elements and a 16-byte aligned start (every packed qkv layout)."""
-    return x.stride(2) == 1 and x.stride(0) % 16 == 0 and x.data_ptr() % 16 == 0
-
-
 def gluon_seq_supported(v: torch.Tensor, K: int) -> bool:
     """Whether ``chunk_seq_fwd_gluon`` can run on v [T, HV, V] with key dim K (host facts only, no
     sync): Gluon present and no interpreter, a Hopper GPU (sm_90), bf16 v (the dtype its GPU tests
-    ran), K = V = 128, and v's rows copyable by cp.async (``rows_copyable``)."""
+    ran), K = V = 128, and v's rows 16-byte aligned (cp.async copies 16 bytes: a token stride that
+    is a multiple of 16 elements and a 16-byte aligned start, as in every packed qkv layout)."""
     if not HAS_GLUON or interpreting() or v.device.type != "cuda":
         return False
     if v.dtype != torch.bfloat16 or v.dim() != 3 or (K, v.shape[2]) != (128, 128):
         return False
-    if not rows_copyable(v):
+    if v.stride(2) != 1 or v.stride(0) % 16 or v.data_ptr() % 16:
         return False
     return _is_sm90(v.device.index if v.device.index is not None else torch.cuda.current_device())
 
 
 if HAS_GLUON:
     @gluon.jit
-    def _issue_chunk(j, st, qk_s, v_s, t_s, p_s, gc_s, gl_s, q_src, k_src, v, t_ws, p_ws, g_ws,
+    def _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
                      bos, eos, off, i_h, i_hk, i_v, s_vt,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
-                     OWN_P: gl.constexpr, LW: gl.constexpr):
-        """cp.async chunk j's q, k rows (the workspace's normalised ones, or the caller's raw ones:
-        OWN_QK), v, T' rows (and P's unless the kernel makes P: OWN_P), its cumulative log decays
-        gc and its last one into stage st by the LW loader warps (rows outside the span: zeros,
-        nothing read; Triton's masked loads)."""
+                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
+        """cp.async chunk j's q, k, v, T' rows (and P's unless the kernel makes P: OWN_P), its
+        cumulative log decays gc and its last one into stage st by the LW loader warps (rows
+        outside the span: zeros, nothing read; Triton's masked loads)."""
         LD128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LW, 1], [1, 0])
         LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [LW, 1], [1, 0])
         LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [LW, 1], [1, 0])
@@ -129,9 +116,9 @@ if HAS_GLUON:
         row64 = (cs + r64).to(gl.int64)[:, None]
         m128 = (r128 < n_t)[:, None]
         m64 = (r64 < n_t)[:, None]
-        async_copy.async_copy_global_to_shared(qk_s.index(2 * st), q_src + row128 * S_QT + i_hk * K + c128[None, :],
+        async_copy.async_copy_global_to_shared(q_s.index(st), qs_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
                                                mask=m128)
-        async_copy.async_copy_global_to_shared(qk_s.index(2 * st + 1), k_src + row128 * S_KT + i_hk * K + c128[None, :],
+        async_copy.async_copy_global_to_shared(k_s.index(st), kn_ws + row128 * (HK * K) + i_hk * K + c128[None, :],
                                                mask=m128)
         async_copy.async_copy_global_to_shared(v_s.index(st), v + (cs + rvv).to(gl.int64)[:, None] * s_vt
                                                + i_h * V + i_v * BV + cvv[None, :], mask=(rvv < n_t)[:, None])
@@ -145,45 +132,18 @@ if HAS_GLUON:
         async_copy.async_copy_global_to_shared(gl_s.index(st), g_ws + (cs + n_t - 1 + r1).to(gl.int64) * HV + i_h)
 
     @gluon.jit
-    def _normalise_rows(x_s, scale, SCALED: gl.constexpr, LW: gl.constexpr):
-        """l2-normalise the rows of x_s [64, 128] in place (times scale where SCALED): the intra
-        kernel's arithmetic in its layout (chunk_intra_gluon's LD, one warp group), hence its bits,
-        8 rows at a time so that the loader's 32 registers hold them."""
-        L8: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [LW, 1], [1, 0])
-        R: gl.constexpr = 2 * LW
-        for s in gl.static_range(x_s.shape[0] // R):
-            sl = x_s.slice(s * R, R, 0)
-            x = sl.load(L8).to(gl.float32)
-            r = gl.rsqrt(gl.sum(x * x, 1) + 1e-6)
-            if SCALED:
-                r = r * scale
-            sl.store((x * r[:, None]).to(x_s.dtype))
-
-    @gluon.jit
-    def _load_chunks(qk_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, q_src, k_src, v, t_ws, p_ws,
-                     g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, scale,
+    def _load_chunks(q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
+                     g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt,
                      HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                     BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
-                     OWN_P: gl.constexpr, OWN_QK: gl.constexpr, LW: gl.constexpr):
-        """The loader partition: fills stage j % 2 with chunk j once the chain has freed it. Every
-        loader thread's copies arrive on ready[j % 2] as they land; with OWN_QK the loader first
-        waits for them, normalises the raw q and k rows in place and then arrives once."""
+                     BV: gl.constexpr, BC: gl.constexpr, OWN_P: gl.constexpr, LW: gl.constexpr):
+        """The loader partition: fills stage j % 2 with chunk j once the chain has freed it, and
+        has every loader thread's copies arrive on ready[j % 2] as they land."""
         for j in range(nc):
             st = j % 2
             mbarrier.wait(empty.index(st), ((j // 2) & 1) ^ 1)  # (a fresh barrier passes parity 1)
-            _issue_chunk(j, st, qk_s, v_s, t_s, p_s, gc_s, gl_s, q_src, k_src, v, t_ws, p_ws, g_ws,
-                         bos, eos, off, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, S_QT, S_KT, OWN_P, LW)
-            if OWN_QK:
-                async_copy.commit_group()
-                async_copy.wait_group(0)
-                gl.thread_barrier()  # every loader thread's rows have landed
-                _normalise_rows(qk_s.index(2 * st + 1), scale, False, LW)
-                _normalise_rows(qk_s.index(2 * st), scale, True, LW)
-                fence_async_shared()  # (the chain reads them through wgmma)
-                gl.thread_barrier()
-                mbarrier.arrive(ready.index(st))
-            else:
-                async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
+            _issue_chunk(j, st, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, qs_ws, kn_ws, v, t_ws, p_ws, g_ws,
+                         bos, eos, off, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)
+            async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
 
     @gluon.jit
     def _decay(gc, n_t, LP: gl.constexpr):
@@ -203,16 +163,13 @@ if HAS_GLUON:
         return gl.where((c[None, :] <= r[:, None]) & (r[:, None] < n_t), e, 0.)
 
     @gluon.jit
-    def _chain(S, qk_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ssm_desc, ckpt_slots, error_flag,
+    def _chain(S, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ckpt_slots, error_flag,
                bos, eos, off, nc, c0, n_end, first_blk, ck0, i_h, i_v, max_ckpts, num_slots,
                block_size, s_ot, s_slot,
                K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BC: gl.constexpr,
-               ROUND_STATE: gl.constexpr, OWN_P: gl.constexpr, STATE_TMA: gl.constexpr,
-               HAS_FLAG: gl.constexpr):
+               ROUND_STATE: gl.constexpr, OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr):
         """The default partition: the state chain over the chunks as they arrive, the output rows,
-        the block-boundary and final states. STATE_TMA: a block state leaves through the stage's
-        q and k tiles by one TMA store (ssm_desc: the pool as [slots, HV V, K]) instead of each
-        thread's stores, so the chain waits for shared memory, not for the stores to drain."""
+        the block-boundary and final states."""
         NW: gl.constexpr = BV // 16  # one warp per 16 rows of V: a warp group per 64
         # register layouts: wgmma accumulators [BV, K] and [BV, 64] (a warp group per 64 rows),
         # their A-operand forms, and a coalesced layout for the output rows
@@ -225,7 +182,7 @@ if HAS_GLUON:
         AS: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=LS, k_width=2)
         LDV: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BV // 8), BV // 8], [NW, 1], [1, 0])
         L1: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
-        DT: gl.constexpr = qk_s.dtype
+        DT: gl.constexpr = q_s.dtype
         rv = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, LS))
         ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
         p_state = i_h * (V * K) + rv[:, None] * K + ck[None, :]
@@ -244,14 +201,14 @@ if HAS_GLUON:
             eg = gl.exp(gc)
 
             if OWN_P:  # P = dec * Q K^T with the intra kernel's operands, k-steps and decay: its bits
-                QK = warpgroup_mma(qk_s.index(2 * st), qk_s.index(2 * st + 1).permute((1, 0)),
+                QK = warpgroup_mma(q_s.index(st), k_s.index(st).permute((1, 0)),
                                    gl.zeros([BC, BC], gl.float32, LP))
                 p_s.index(0).store((_decay(gc, n_t, LP) * QK).to(DT))
                 fence_async_shared()
                 gl.thread_barrier()
             Sb = gl.convert_layout(S.to(DT), A64)
-            XT = warpgroup_mma(Sb, qk_s.index(2 * st + 1).permute((1, 0)), zero64, is_async=True)
-            OqT = warpgroup_mma(Sb, qk_s.index(2 * st).permute((1, 0)), zero64, is_async=True)
+            XT = warpgroup_mma(Sb, k_s.index(st).permute((1, 0)), zero64, is_async=True)
+            OqT = warpgroup_mma(Sb, q_s.index(st).permute((1, 0)), zero64, is_async=True)
             XT, OqT = warpgroup_mma_wait(0, deps=(XT, OqT))
             xT = v_s.index(st).permute((1, 0)).load(L64).to(gl.float32) - XT * eg[None, :]
             vnT = warpgroup_mma(gl.convert_layout(xT.to(DT), A64), t_s.index(st).permute((1, 0)), zero64)
@@ -260,7 +217,7 @@ if HAS_GLUON:
             # v_new scaled in fp32, then rounded once (_seq_chunk's order)
             w = gl.where(ct < n_t, gl.exp(g_last - gc), 0.)
             vs = gl.convert_layout((vnT * w[None, :]).to(DT), AS)
-            S = warpgroup_mma(vs, qk_s.index(2 * st + 1), S * gl.exp(g_last), is_async=True)
+            S = warpgroup_mma(vs, k_s.index(st), S * gl.exp(g_last), is_async=True)
             oT, S = warpgroup_mma_wait(0, deps=(oT, S))
 
             # the output rows, transposed through shared memory into coalesced stores: through the
@@ -272,7 +229,8 @@ if HAS_GLUON:
             o = v_s.index(st).load(LDV)
             gl.store(out + (cs + ro).to(gl.int64)[:, None] * s_ot + i_h * V + co[None, :],
                      o.to(out.dtype.element_ty), mask=(ro < n_t)[:, None])
-            gl.thread_barrier()  # every chain warp is done with stage st
+            gl.thread_barrier()  # every chain warp is done with stage st ...
+            mbarrier.arrive(empty.index(st))  # ... so the loader may refill it
 
             p_end = (c0 + j + 1) * BC  # absolute end of this chunk when it is full
             at_block = (p_end % block_size) == 0
@@ -283,37 +241,19 @@ if HAS_GLUON:
                 i_e = ck0 + (p_end // block_size - first_blk - 1)
                 slot = gl.load(ckpt_slots + i_e, mask=i_e < max_ckpts, other=-1)
                 if slot_ok(slot, num_slots):
-                    if STATE_TMA:
-                        SD: gl.constexpr = ssm.dtype.element_ty
-                        NB: gl.constexpr = 32 // SD.primitive_bitwidth  # states that fit a stage's q and k tiles
-                        gl.static_assert(2 * NB * BV * SD.primitive_bitwidth == 4 * BC * DT.primitive_bitwidth)
-                        SHS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0,
-                                                                 element_bitwidth=SD.primitive_bitwidth, rank=2)
-                        st_s = qk_s._reinterpret(SD, [2 * NB, BV, K], SHS).index(NB * st)
-                        st_s.store(S.to(SD))
-                        fence_async_shared()
-                        gl.thread_barrier()
-                        tma.async_copy_shared_to_global(ssm_desc, [slot, i_h * V + i_v * BV, 0],
-                                                        st_s._reinterpret(SD, [1, BV, K], ssm_desc.layout))
-                        tma.store_wait(0)  # the TMA engine has read the tiles: the loader may refill them
-                        gl.thread_barrier()
-                    else:
-                        gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
+                    gl.store(ssm + slot.to(gl.int64) * s_slot + p_state, S.to(ssm.dtype.element_ty))
                 report(error_flag, bad_slot(slot, num_slots), ERR_SLOT_C, HAS_FLAG)
-            mbarrier.arrive(empty.index(st))  # the loader may refill stage st
         return S, p_state
 
     # (as _chunk_seq_kernel: T, the pool size and the checkpoint table's length change with the
     # engine's step, not the model; specialised, the first request would recompile the warm-up's)
     @gluon.jit(do_not_specialize=["T", "max_ckpts", "num_slots"])
-    def _seq_gluon_kernel(out, v, t_ws, p_ws, g_ws, q_src, k_src, ssm, ssm_desc,
+    def _seq_gluon_kernel(out, v, t_ws, p_ws, g_ws, qs_ws, kn_ws, ssm,
                           cu_seqlens, start_pos, read_slot, write_slot, ckpt_offsets, ckpt_slots,
-                          error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot, scale,
+                          error_flag, T, max_ckpts, num_slots, block_size, s_vt, s_ot, s_slot,
                           HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                          BV: gl.constexpr, BC: gl.constexpr, S_QT: gl.constexpr, S_KT: gl.constexpr,
-                          ROUND_STATE: gl.constexpr,
-                          OWN_P: gl.constexpr, OWN_QK: gl.constexpr, STATE_TMA: gl.constexpr,
-                          HAS_FLAG: gl.constexpr,
+                          BV: gl.constexpr, BC: gl.constexpr, ROUND_STATE: gl.constexpr,
+                          OWN_P: gl.constexpr, HAS_FLAG: gl.constexpr,
                           LW: gl.constexpr, LOAD_REGS: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
@@ -344,17 +284,15 @@ if HAS_GLUON:
                 ERR_META_C, HAS_FLAG)
 
         LS: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, K, 16])
-        DT: gl.constexpr = q_src.dtype.element_ty
+        DT: gl.constexpr = qs_ws.dtype.element_ty
         SH128: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, K], DT)
         SH64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BC], DT)
         SHV: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BC, BV], DT)
         PLAIN: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (rank of a stage: 1-D)
         # two stages of chunk tiles, filled by the loader partition; ready[s]: stage s landed
-        # (every loader thread's copies arrive; OWN_QK: the loader, once, after normalising them),
-        # empty[s]: the chain is done with it
-        # (stage s's q tile at 2 s, its k tile at 2 s + 1: 32 KB in a row, where a block state
-        # goes out by TMA once the chain is done with them)
-        qk_s = gl.allocate_shared_memory(DT, [4, BC, K], SH128)
+        # (every loader thread's copies arrive), empty[s]: the chain is done with it
+        q_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
+        k_s = gl.allocate_shared_memory(DT, [2, BC, K], SH128)
         v_s = gl.allocate_shared_memory(DT, [2, BC, BV], SHV)
         t_s = gl.allocate_shared_memory(DT, [2, BC, BC], SH64)
         p_s = gl.allocate_shared_memory(DT, [1 if OWN_P else 2, BC, BC], SH64)  # (own P: made, used, done)
@@ -363,7 +301,7 @@ if HAS_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(2):
-            mbarrier.init(ready.index(s), count=1 if OWN_QK else 32 * LW)
+            mbarrier.init(ready.index(s), count=32 * LW)
             mbarrier.init(empty.index(s), count=1)
 
         # the state S [BV, K]: element [v, k] at ssm[slot, h, v, k]
@@ -376,12 +314,11 @@ if HAS_GLUON:
         report(error_flag, bad_slot(r_slot, num_slots), ERR_SLOT_C, HAS_FLAG)
 
         S, p_state = gl.warp_specialize([
-            (_chain, (S, qk_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ssm_desc, ckpt_slots, error_flag,
+            (_chain, (S, q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, out, ssm, ckpt_slots, error_flag,
                       bos, eos, off, nc, c0, n_end, first_blk, ck0, i_h, i_v, max_ckpts, num_slots,
-                      block_size, s_ot, s_slot, K, V, BV, BC, ROUND_STATE, OWN_P, STATE_TMA, HAS_FLAG)),
-            (_load_chunks, (qk_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, q_src, k_src, v, t_ws, p_ws,
-                            g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, scale,
-                            HK, HV, K, V, BV, BC, S_QT, S_KT, OWN_P, OWN_QK, LW)),
+                      block_size, s_ot, s_slot, K, V, BV, BC, ROUND_STATE, OWN_P, HAS_FLAG)),
+            (_load_chunks, (q_s, k_s, v_s, t_s, p_s, gc_s, gl_s, ready, empty, qs_ws, kn_ws, v, t_ws, p_ws,
+                            g_ws, bos, eos, off, nc, i_h, i_hk, i_v, s_vt, HK, HV, K, V, BV, BC, OWN_P, LW)),
         ], [LW], [LOAD_REGS])
         w_slot = gl.load(write_slot + i_n)
         if slot_ok(w_slot, num_slots):
@@ -390,48 +327,23 @@ if HAS_GLUON:
 
 
 def chunk_seq_fwd_gluon(out, v, ssm, ws: ChunkWorkspace, meta: ChunkMeta, HK: int, bv: int = 64,
-                        own_p: bool = False, qk=None, error_flag=None):
+                        own_p: bool = False, error_flag=None):
     """Launch the Gluon sequential kernel (no checks; see chunk.gdn_chunk_prefill) after
     chunk_intra_fwd filled ``ws``: the arguments and effects of chunk.chunk_seq_fwd, and its bits.
     bv: rows of V a CTA owns, 128 (two warp groups) or 64 (one). own_p: make each chunk's P from
     its q and k tiles instead of reading ws.p; only after chunk_intra_gluon's kernel, whose P bits
-    it repeats (that kernel then need not store P). qk: (q, k, scale), the prefill's raw q and k
-    [T, HK, K] (rows ``rows_copyable``) and q's scale, whose rows the loader normalises itself
-    instead of reading ws.qs and ws.kn; only after chunk_intra_gluon's kernel, whose bits it
-    repeats (that kernel then need not store them). Only where ``gluon_seq_supported``."""
+    it repeats (that kernel then need not store P). Only where ``gluon_seq_supported``."""
     HV, K, V = ws.HV, ws.K, ws.V
     if meta.max_seqs == 0:
         return
-    # (the workspace's rows are HK K apart: it may be sized for more key heads than this call's;
-    # the token strides are the model's constants, so constexpr: no registers in the loader)
-    q, k, scale = qk if qk is not None else (ws.qs, ws.kn, 1.0)
-    s_qt, s_kt = (q.stride(0), k.stride(0)) if qk is not None else (HK * K, HK * K)
-    desc = state_descriptor(ssm, bv) if STATE_TMA else None
     _seq_gluon_kernel[(HV * (V // bv), meta.max_seqs)](
-        out, v, ws.t, ws.p, ws.g, q, k, ssm, desc,
+        out, v, ws.t, ws.p, ws.g, ws.qs, ws.kn, ssm,
         meta.cu_seqlens, meta.start_pos, meta.read_slot, meta.write_slot, meta.ckpt_offsets,
         meta.ckpt_slots, error_flag, out.shape[0], meta.ckpt_slots.shape[0], ssm.shape[0],
-        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0), float(scale),
-        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, S_QT=s_qt, S_KT=s_kt, ROUND_STATE=ssm.dtype != torch.float32,
-        OWN_P=own_p, OWN_QK=qk is not None, STATE_TMA=desc is not None, HAS_FLAG=error_flag is not None, LW=LOADER_WARPS,
-        LOAD_REGS=LOADER_REGS, num_warps=bv // 16, **launch_regs(bv, own_p))
-
-
-STATE_TMA = True  # block states out by TMA where state_descriptor allows (profiling may switch it off)
-
-
-def state_descriptor(ssm: torch.Tensor, bv: int):
-    """The TMA descriptor through which the Gluon kernel stores block states: the pool [slots, HV,
-    V, K] as [slots, HV V, K], a box of BV rows of one head's state. None where it cannot: V tile
-    128 (a state tile outgrows a stage's q and k tiles, whose 32 KB it borrows), or a pool whose
-    slots are not whole [HV, V, K] blocks at 16-byte aligned starts (plain stores then; same
-    bits)."""
-    slots, HV, V, K = ssm.shape
-    es = ssm.element_size()
-    if bv != 64 or ssm.stride()[1:] != (V * K, K, 1) or ssm.data_ptr() % 16 or (ssm.stride(0) * es) % 16:
-        return None
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * es, rank=3)
-    return TensorDescriptor(ssm, [slots, HV * V, K], [ssm.stride(0), K, 1], [1, bv, K], layout)
+        meta.block_size, v.stride(0), out.stride(0), ssm.stride(0),
+        HK=HK, HV=HV, K=K, V=V, BV=bv, BC=CHUNK, ROUND_STATE=ssm.dtype != torch.float32,
+        OWN_P=own_p, HAS_FLAG=error_flag is not None, LW=LOADER_WARPS, LOAD_REGS=LOADER_REGS,
+        num_warps=bv // 16, **launch_regs(bv, own_p))
 
 
 def launch_regs(bv: int, own_p: bool) -> dict:

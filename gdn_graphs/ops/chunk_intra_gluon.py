@@ -129,8 +129,7 @@ if HAS_GLUON:
                             cu_seqlens, start_pos, chunk_seq, chunk_idx, error_flag,
                             T, max_seqs, max_chunks, s_qt, s_kt, s_at, s_bt, s_ot, scale,
                             HK: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                            BC: gl.constexpr, STORE_P: gl.constexpr, STORE_QK: gl.constexpr,
-                            HAS_FLAG: gl.constexpr):
+                            BC: gl.constexpr, STORE_P: gl.constexpr, HAS_FLAG: gl.constexpr):
         gl.static_assert(K == 128)
         gl.static_assert(V == 128)
         gl.static_assert(BC == 64)
@@ -198,8 +197,7 @@ if HAS_GLUON:
         m_ld = (r_ld < n_t)[:, None]
         p_hk = row_ld * (HK * K) + i_hk * K + c_ld[None, :]
         k_raw = gl.load(k + row_ld * s_kt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.)
-        if STORE_P or STORE_QK:  # (else q feeds nothing here: the sequential kernel makes both)
-            q_raw = gl.load(q + row_ld * s_qt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.)
+        q_raw = gl.load(q + row_ld * s_qt + i_hk * K + c_ld[None, :], mask=m_ld, other=0.)
         G2: gl.constexpr = triton.next_power_of_2(G)
         LG: gl.constexpr = gl.BlockedLayout([1, G2], [32, 1], [4, 1], [1, 0])  # a row's heads in a thread
         rg = gl.arange(0, BC, layout=gl.SliceLayout(1, LG))
@@ -213,14 +211,11 @@ if HAS_GLUON:
         # after the other (fewer live registers), into the workspace and shared memory
         kx = k_raw.to(gl.float32)
         kb = (kx * gl.rsqrt(gl.sum(kx * kx, 1) + 1e-6)[:, None]).to(DT)
-        if STORE_QK:
-            gl.store(kn_ws + p_hk, kb, mask=m_ld)
+        gl.store(kn_ws + p_hk, kb, mask=m_ld)
         k_s = gl.allocate_shared_memory(DT, [BC, K], SHK, kb)
-        if STORE_P or STORE_QK:
-            qx = q_raw.to(gl.float32)
-            qb = (qx * (gl.rsqrt(gl.sum(qx * qx, 1) + 1e-6) * scale)[:, None]).to(DT)
-        if STORE_QK:
-            gl.store(qs_ws + p_hk, qb, mask=m_ld)
+        qx = q_raw.to(gl.float32)
+        qb = (qx * (gl.rsqrt(gl.sum(qx * qx, 1) + 1e-6) * scale)[:, None]).to(DT)
+        gl.store(qs_ws + p_hk, qb, mask=m_ld)
         if STORE_P:
             q_s = gl.allocate_shared_memory(DT, [BC, K], SHK, qb)
         fence_async_shared()
@@ -314,12 +309,11 @@ if HAS_GLUON:
 
 
 def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, meta: ChunkMeta,
-                          scale: float, store_p: bool = True, store_qk: bool = True, error_flag=None):
+                          scale: float, store_p: bool = True, error_flag=None):
     """Launch the Gluon chunk-parallel kernel (no checks; see chunk.gdn_chunk_prefill): the effects
     of chunk.chunk_intra_fwd (ws.t, p, g, qs, kn for every chunk, out's padding rows), T' and P
     within 16-bit rounding of its. store_p False: ws.p is not written (the Gluon sequential
-    kernel with own_p makes P itself). store_qk False: neither are ws.qs and ws.kn (the Gluon
-    sequential kernel, given q and k, normalises them itself). Only where ``gluon_intra_supported``."""
+    kernel with own_p makes P itself). Only where ``gluon_intra_supported``."""
     T, HK, K = q.shape
     HV, V = ws.HV, ws.V
     n_cprog = max(meta.max_chunks, 1)
@@ -328,5 +322,5 @@ def chunk_intra_fwd_gluon(q, k, a, b, A_log, dt_bias, out, ws: ChunkWorkspace, m
         meta.cu_seqlens, meta.start_pos, meta.chunk_seq, meta.chunk_idx, error_flag,
         T, meta.max_seqs, meta.max_chunks, q.stride(0), k.stride(0), a.stride(0), b.stride(0),
         out.stride(0), float(scale),
-        HK=HK, HV=HV, K=K, V=V, BC=CHUNK, STORE_P=store_p, STORE_QK=store_qk, HAS_FLAG=error_flag is not None,
+        HK=HK, HV=HV, K=K, V=V, BC=CHUNK, STORE_P=store_p, HAS_FLAG=error_flag is not None,
         num_warps=4)

@@ -24,8 +24,7 @@ class ChunkWorkspace:
     Per token: T' [HV, 64] (its row of its chunk's (I + A)^-1 diag(beta)), P [HV, 64] (the decayed
     causal q.k row of its chunk; not written where the Gluon sequential kernel makes P itself,
     GLUON_CONFIG), the chunk-local cumsum of g [HV] (fp32), and the normalised q and
-    k of each key head ([HK, K] each; pass ``HK`` to size them, default room for HK = HV; not
-    written where that kernel normalises them itself, GLUON_CONFIG with cp.async-copyable rows).
+    k of each key head ([HK, K] each; pass ``HK`` to size them, default room for HK = HV).
     ``dtype`` is the input dtype of q, k, v; all but the cumsum are kept in it. That is
     max_tokens * (HV * 128 + 2 * HK * K) elements plus max_tokens * HV floats; nothing of size
     T/64 * HV * V * K. The workspace only carries data between the two kernels of one call, so

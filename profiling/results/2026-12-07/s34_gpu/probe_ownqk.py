@@ -9,7 +9,7 @@ intra kernel the library takes and the sequential kernel after it, each alone, a
 gdn_chunk_prefill with GLUON_CONFIG, do_bench median ms; bits of outputs and every pool slot
 against the Triton sequential kernel (MANY_SEQS_CONFIG).
 
-    PYTHONPATH=. python3 profiling/results/2026-12-07/s34_gpu/probe_ownqk.py ownqk|tma  # -> $OUT/probe_<arg>.json
+    PYTHONPATH=. python3 profiling/results/2026-12-07/s34_gpu/probe_ownqk.py ownqk|tma|tma_plain  # -> $OUT/probe_<arg>.json
 """
 
 import json
@@ -26,8 +26,9 @@ import probe_phases as P  # noqa: E402
 # (HK, HV, sequences, tokens each): 256, 128, 128, 64, 64, 32 (sequence, value head) pairs
 # "ownqk": the intra kernel storing q and k against the loader normalising them (plain state
 # stores); "tma": the latter against the same with block states out by TMA (its own process, so
-# that a fault there cannot cost the first comparison)
-MODES = {"ownqk": ("off", "own_qk"), "tma": ("own_qk", "own_qk_tma")}[sys.argv[1]]
+# that a fault there cannot cost the first comparison); "tma_plain": TMA state stores against
+# plain ones with the intra kernel storing q and k (main's pairing)
+MODES = {"ownqk": ("off", "own_qk"), "tma": ("own_qk", "own_qk_tma"), "tma_plain": ("off", "off_tma")}[sys.argv[1]]
 SHAPES = [(16, 32, 8, 2048), (8, 16, 8, 2048), (16, 32, 4, 16384), (8, 16, 4, 16384), (16, 32, 2, 4096),
           (16, 32, 32, 512)]
 
@@ -50,15 +51,15 @@ def main():
         ref = (out.clone(), ssm.clone())
         row["ms_triton_seq"] = triton.testing.do_bench(whole(MANY_SEQS_CONFIG))
         for mode in MODES:
-            C.rows_copyable = copyable if mode != "off" else (lambda x: False)
-            G.STATE_TMA = mode == "own_qk_tma"
+            C.rows_copyable = copyable if mode.startswith("own") else (lambda x: False)
+            G.STATE_TMA = mode.endswith("tma")
             ssm.fill_(float("nan")); out.fill_(float("nan")); ws.qs.fill_(float("nan")); ws.kn.fill_(float("nan"))
             whole(GLUON_CONFIG)(); torch.cuda.synchronize()
             same = torch.equal(out, ref[0]) and torch.equal(ssm.nan_to_num(7.0), ref[1].nan_to_num(7.0))
             intra = lambda: C.chunk_intra_fwd_for(q, k, a, b, A_log, dt_bias, out, ws, meta, scale, GLUON_CONFIG,
                                                   "tf32", "tf32")
             left = intra()
-            assert (left.get("qk") is not None) == (mode != "off"), left
+            assert (left.get("qk") is not None) == mode.startswith("own"), left
             seq = lambda: C.chunk_seq_fwd_by(GLUON_CONFIG, out, v, ssm, ws, meta, HK, **left)
             row[mode] = {"same_bits_as_triton": same, "ms": triton.testing.do_bench(whole(GLUON_CONFIG)),
                          "ms_intra": triton.testing.do_bench(intra), "ms_seq": triton.testing.do_bench(seq)}

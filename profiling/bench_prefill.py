@@ -243,6 +243,29 @@ def bench_ms(triton, fn, quick):
                                    return_mode="median")
 
 
+def graph_ms(torch, triton, fn, quick):
+    """fn captured once in a CUDA graph (after a warm-up call on a side stream), its replays timed:
+    the GPU's time without the host's (None off CUDA or where the capture fails; the figures
+    then stand alone). fn must use persistent buffers only."""
+    if DEVICE != "cuda":
+        return None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        ms = bench_ms(triton, graph.replay, quick)
+        del graph
+        return ms
+    except Exception:  # noqa: BLE001 - e.g. a kernel that allocates; the eager figure remains
+        torch.cuda.synchronize()
+        return None
+
+
 def peak_extra_mib(torch, fn):
     if DEVICE == "cpu":
         fn()
@@ -308,6 +331,8 @@ def bench_ours(torch, triton, case, quick, cfg=None):
     for name, _ in MODES[1:]:
         res[name]["ckpt_cost_pct"] = 100.0 * (res[name]["ms"] / off - 1.0)
     meta = case.metas["B=256"]
+    res["B=256"]["ms_graph"] = graph_ms(torch, triton, lambda: gdn_chunk_prefill(
+        *case.args(), meta, out=case.out, workspace=case.ws, config=cfg), quick)
     res["peak_extra_MiB"] = peak_extra_mib(torch, lambda: gdn_chunk_prefill(*case.args(), meta, config=cfg))
     res["workspace_MiB"] = case.ws.nbytes() / MiB
     return res
@@ -604,6 +629,10 @@ def bench_fi(torch, triton, fi, case, quick, ref):
         r["path"] = "non-cp"
         r["rel_diff_out"] = rel(x.out, ref["out"])
         r.update(state_diffs(x.state, ref["state"]))
+    # FlashInfer's non-CP kernels replayed from a CUDA graph: their GPU time, which the eager
+    # figures hide under ~0.2 ms of host time a call at several sequences
+    for key, mode in (("off_nocp" if "off_nocp" in res else "off", None), ("ckpt B=256", "B=256")):
+        res[f"graph {key}"] = graph_ms(torch, triton, lambda mode=mode: fi_call(fi, x, mode, use_cp=False), quick)
     pool = torch.zeros_like(case.pool)
     for name, _ in MODES[1:]:
         ck = x.ckpt[name]
@@ -944,6 +973,19 @@ def ratios_vs_fi_off(ours, fi, vllm_fi=None):
     return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
 
 
+def graph_ratios(ours, fi):
+    """ours B=256 and FlashInfer's non-CP kernels (no states; its checkpoints every 256), each
+    replayed from a CUDA graph: ms and ours' speed relative to each (> 1: ours faster)."""
+    o = (ours.get("B=256") or {}).get("ms_graph")
+    off = next((fi[k] for k in ("graph off_nocp", "graph off") if fi.get(k)), None)
+    ck = fi.get("graph ckpt B=256")
+    if not (o and off):
+        return ""
+    return (f"ours B=256 {o:.3f} ms, FI no states {off:.3f}, FI ckpt B=256 "
+            + (f"{ck:.3f}" if ck else "n/a") + f"; ours / FI no states {off / o:.2f}x"
+            + (f", ours / FI ckpt {ck / o:.2f}x" if ck else ""))
+
+
 def ratios_via_fi_vs_vllm_fi(fi, vllm_fi):
     """Speed of ours via FlashInfer (checkpoints included) relative to vLLM's default (> 1: faster)."""
     base = (vllm_fi or {}).get("ms")
@@ -1016,6 +1058,9 @@ def print_table(results, sweep_only=False):
             print(format_row(shape, "vLLM default (FI)", r["vllm_fi"], ours_ms("off")))
         if fi and "error" not in fi:
             print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi, r.get("vllm_fi")))
+            line = graph_ratios(ours, fi)
+            if line:
+                print(f"{shape:>12} {'CUDA graphs':>16} " + line)
         line = ratios_via_fi_vs_vllm_fi(fi, r.get("vllm_fi"))
         if line:
             print(f"{shape:>12} ours via FI / vLLM default (FI): {line}")

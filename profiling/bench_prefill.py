@@ -46,7 +46,9 @@ own slot). It reports
     contiguous, fp32 casts, exp(g), FlashInfer's chunk_gated_delta_rule; no checkpoints) and the
     scatter of the final states into the slots. Relative differences of its outputs and pool
     states to ours; its speed against "FI off" (the kernel alone) in the "vs FI off" line, and
-    "ours via FI / vLLM default (FI)" (> 1: ours via FI faster, checkpoints included);
+    "ours via FI / vLLM default (FI)" (> 1: ours via FI faster, checkpoints included). It is
+    also replayed from a CUDA graph (the zeroing as a masked multiply: the boolean index syncs),
+    its GPU work alone, on the "CUDA graphs" line beside ours and FlashInfer's kernels replayed;
   * a sweep of the launch knobs (ChunkConfig: bv, warps_seq, stages; warps_intra on the parallel
     kernel alone) on 1x8192 with B = 256 (TP-1 heads), the best three re-timed on the other shapes.
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
@@ -776,12 +778,15 @@ def bench_vllm_fi(torch, triton, vf, case, quick, ref):
     has_initial = torch.zeros(case.nseq, device=DEVICE, dtype=torch.bool)  # every sequence fresh
     cu = torch.arange(0, T + 1, case.L, device=DEVICE, dtype=torch.int32)  # query_start_loc
 
-    def call():
+    def call(graph_safe=False):
         q, k, v, g, beta = vf["prep"](
             conv_output=case.qkv, a=case.a, b=case.b, A_log=case.A_log, dt_bias=case.dt_bias,
             num_k_heads=case.HK, head_k_dim=K, head_v_dim=V, apply_l2norm=True, output_g_exp=False)
         initial_state = pool[state_idx]
-        initial_state[~has_initial, ...] = 0
+        if graph_safe:  # the same zeros without the boolean index's sync (which a capture refuses)
+            initial_state.mul_(has_initial.view(-1, 1, 1, 1))
+        else:
+            initial_state[~has_initial, ...] = 0
         o, last_state = vf["fn"](
             q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), g=g.unsqueeze(0),
             beta=beta.unsqueeze(0), initial_state=initial_state, output_final_state=True,
@@ -795,6 +800,9 @@ def bench_vllm_fi(torch, triton, vf, case, quick, ref):
     o = call()
     res = dict(ms=ms, Mtok_s=mtok(T, ms), first_call_s=t_first, rel_diff_out=rel(o[0], ref["out"]),
                peak_extra_MiB=peak_extra_mib(torch, call))
+    # its GPU work alone, replayed from a CUDA graph: what it costs where the host runs ahead (in a
+    # model whose other layers keep the GPU busy, vLLM's eager host work hides behind them)
+    res["ms_graph"] = graph_ms(torch, triton, lambda: call(graph_safe=True), quick)
     res.update(state_diffs(pool.index_select(0, state_idx.long()), ref["state"]))
     return res
 
@@ -973,17 +981,21 @@ def ratios_vs_fi_off(ours, fi, vllm_fi=None):
     return ", ".join(f"{label} {off / r['ms']:.2f}x" for label, r in cols if r and "ms" in r)
 
 
-def graph_ratios(ours, fi):
-    """ours B=256 and FlashInfer's non-CP kernels (no states; its checkpoints every 256), each
-    replayed from a CUDA graph: ms and ours' speed relative to each (> 1: ours faster)."""
+def graph_ratios(ours, fi, vllm_fi=None):
+    """ours B=256, FlashInfer's non-CP kernels (no states; its checkpoints every 256) and vLLM's
+    default sequence (prep, gather, FlashInfer, scatter), each replayed from a CUDA graph: ms and
+    ours' speed relative to each (> 1: ours faster)."""
     o = (ours.get("B=256") or {}).get("ms_graph")
     off = next((fi[k] for k in ("graph off_nocp", "graph off") if fi.get(k)), None)
     ck = fi.get("graph ckpt B=256")
+    vd = (vllm_fi or {}).get("ms_graph")
     if not (o and off):
         return ""
     return (f"ours B=256 {o:.3f} ms, FI no states {off:.3f}, FI ckpt B=256 "
-            + (f"{ck:.3f}" if ck else "n/a") + f"; ours / FI no states {off / o:.2f}x"
-            + (f", ours / FI ckpt {ck / o:.2f}x" if ck else ""))
+            + (f"{ck:.3f}" if ck else "n/a") + (f", vLLM default {vd:.3f}" if vd else "")
+            + f"; ours / FI no states {off / o:.2f}x"
+            + (f", ours / FI ckpt {ck / o:.2f}x" if ck else "")
+            + (f", ours / vLLM default {vd / o:.2f}x" if vd else ""))
 
 
 def ratios_via_fi_vs_vllm_fi(fi, vllm_fi):
@@ -1058,7 +1070,7 @@ def print_table(results, sweep_only=False):
             print(format_row(shape, "vLLM default (FI)", r["vllm_fi"], ours_ms("off")))
         if fi and "error" not in fi:
             print(f"{shape:>12} {'vs FI off':>16} " + ratios_vs_fi_off(ours, fi, r.get("vllm_fi")))
-            line = graph_ratios(ours, fi)
+            line = graph_ratios(ours, fi, r.get("vllm_fi"))
             if line:
                 print(f"{shape:>12} {'CUDA graphs':>16} " + line)
         line = ratios_via_fi_vs_vllm_fi(fi, r.get("vllm_fi"))

@@ -216,6 +216,23 @@ def test_prefill_dry_run_with_vllm_fi_stand_in(tmp_path, capsys):
     assert "ours via FI / vLLM default (FI): via FI B=256" in text
 
 
+def test_prefill_graph_ratios():
+    """The "CUDA graphs" line: ours' replayed time against FlashInfer's replayed kernels and vLLM's
+    replayed default sequence (> 1: ours faster); nothing where ours or FI's no-state replay is
+    missing (a failed capture), and no vLLM figure where its replay is missing."""
+    bp = load_script("bench_prefill")
+    ours = {"B=256": {"ms_graph": 0.4}}
+    fi = {"graph off_nocp": 0.2, "graph off": 0.3, "graph ckpt B=256": 0.24}
+    line = bp.graph_ratios(ours, fi, {"ms": 0.9, "ms_graph": 0.5})
+    assert "FI no states 0.200" in line and "ours / FI no states 0.50x" in line, line
+    assert "ours / FI ckpt 0.60x" in line and "vLLM default 0.500" in line, line
+    assert "ours / vLLM default 1.25x" in line, line
+    assert "vLLM" not in bp.graph_ratios(ours, fi, {"ms": 0.9, "ms_graph": None})
+    assert "vLLM" not in bp.graph_ratios(ours, fi)
+    assert bp.graph_ratios({"B=256": {"ms_graph": None}}, fi) == ""
+    assert bp.graph_ratios(ours, {"graph ckpt B=256": 0.24}) == ""
+
+
 @pytest.mark.vllm
 def test_prefill_vllm_fi_without_flashinfer(vllm_cpu, tmp_path, capsys):
     """vLLM's CPU build imports, FlashInfer does not: the column says why and the bench goes on.

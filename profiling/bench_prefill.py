@@ -48,7 +48,9 @@ own slot). It reports
     states to ours; its speed against "FI off" (the kernel alone) in the "vs FI off" line, and
     "ours via FI / vLLM default (FI)" (> 1: ours via FI faster, checkpoints included). It is
     also replayed from a CUDA graph (the zeroing as a masked multiply: the boolean index syncs),
-    its GPU work alone, on the "CUDA graphs" line beside ours and FlashInfer's kernels replayed;
+    its GPU work alone, on the "CUDA graphs" line beside ours and FlashInfer's kernels replayed,
+    and replayed again with a bf16 pool beside ours with one ("graphs bf16 pool": vLLM's default
+    state dtype for a bf16 model);
   * a sweep of the launch knobs (ChunkConfig: bv, warps_seq, stages; warps_intra on the parallel
     kernel alone) on 1x8192 with B = 256 (TP-1 heads), the best three re-timed on the other shapes.
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
@@ -335,6 +337,11 @@ def bench_ours(torch, triton, case, quick, cfg=None):
     meta = case.metas["B=256"]
     res["B=256"]["ms_graph"] = graph_ms(torch, triton, lambda: gdn_chunk_prefill(
         *case.args(), meta, out=case.out, workspace=case.ws, config=cfg), quick)
+    # the same with a bf16 pool (vLLM's default state dtype for a bf16 model)
+    args16 = case.args()[:-1] + (case.pool.to(torch.bfloat16),)
+    res["B=256"]["ms_graph_bf16_pool"] = graph_ms(torch, triton, lambda: gdn_chunk_prefill(
+        *args16, meta, out=case.out, workspace=case.ws, config=cfg), quick)
+    del args16
     res["peak_extra_MiB"] = peak_extra_mib(torch, lambda: gdn_chunk_prefill(*case.args(), meta, config=cfg))
     res["workspace_MiB"] = case.ws.nbytes() / MiB
     return res
@@ -773,12 +780,14 @@ def bench_vllm_fi(torch, triton, vf, case, quick, ref):
     """vLLM's GatedDeltaNetAttention._forward_core for an all-prefill batch (no spec decode),
     FlashInfer backend, timed as one call; a persistent pool as vLLM's ssm_state."""
     T = case.T
-    pool = torch.zeros_like(case.pool)  # ssm_state: [slots, HV, V, K] fp32, as vLLM lays it out
+    pools = {"fp32": torch.zeros_like(case.pool)}  # ssm_state: [slots, HV, V, K], as vLLM lays it out
+    pool = pools["fp32"]
     state_idx = torch.tensor(case.slots["off"][0], device=DEVICE, dtype=torch.int32)
     has_initial = torch.zeros(case.nseq, device=DEVICE, dtype=torch.bool)  # every sequence fresh
     cu = torch.arange(0, T + 1, case.L, device=DEVICE, dtype=torch.int32)  # query_start_loc
 
-    def call(graph_safe=False):
+    def call(graph_safe=False, pool_dtype="fp32"):
+        pool = pools[pool_dtype]
         q, k, v, g, beta = vf["prep"](
             conv_output=case.qkv, a=case.a, b=case.b, A_log=case.A_log, dt_bias=case.dt_bias,
             num_k_heads=case.HK, head_k_dim=K, head_v_dim=V, apply_l2norm=True, output_g_exp=False)
@@ -803,6 +812,10 @@ def bench_vllm_fi(torch, triton, vf, case, quick, ref):
     # its GPU work alone, replayed from a CUDA graph: what it costs where the host runs ahead (in a
     # model whose other layers keep the GPU busy, vLLM's eager host work hides behind them)
     res["ms_graph"] = graph_ms(torch, triton, lambda: call(graph_safe=True), quick)
+    # with a bf16 pool (vLLM's default for a bf16 model: its wrapper casts the states to fp32 and back)
+    pools["bf16"] = torch.zeros(pool.shape, device=pool.device, dtype=torch.bfloat16)
+    res["ms_graph_bf16_pool"] = graph_ms(torch, triton, lambda: call(graph_safe=True, pool_dtype="bf16"), quick)
+    del pools["bf16"]
     res.update(state_diffs(pool.index_select(0, state_idx.long()), ref["state"]))
     return res
 
@@ -998,6 +1011,15 @@ def graph_ratios(ours, fi, vllm_fi=None):
             + (f", ours / vLLM default {vd / o:.2f}x" if vd else ""))
 
 
+def graph_ratio_bf16_pool(ours, vllm_fi):
+    """ours B=256 and vLLM's default sequence, both with a bf16 pool, replayed from CUDA graphs."""
+    o = (ours.get("B=256") or {}).get("ms_graph_bf16_pool")
+    vd = (vllm_fi or {}).get("ms_graph_bf16_pool")
+    if not (o and vd):
+        return ""
+    return f"ours B=256 {o:.3f} ms, vLLM default {vd:.3f}; ours / vLLM default {vd / o:.2f}x"
+
+
 def ratios_via_fi_vs_vllm_fi(fi, vllm_fi):
     """Speed of ours via FlashInfer (checkpoints included) relative to vLLM's default (> 1: faster)."""
     base = (vllm_fi or {}).get("ms")
@@ -1073,6 +1095,9 @@ def print_table(results, sweep_only=False):
             line = graph_ratios(ours, fi, r.get("vllm_fi"))
             if line:
                 print(f"{shape:>12} {'CUDA graphs':>16} " + line)
+        line = graph_ratio_bf16_pool(ours, r.get("vllm_fi"))
+        if line:
+            print(f"{shape:>12} {'graphs bf16 pool':>16} " + line)
         line = ratios_via_fi_vs_vllm_fi(fi, r.get("vllm_fi"))
         if line:
             print(f"{shape:>12} ours via FI / vLLM default (FI): {line}")

@@ -231,6 +231,9 @@ def test_prefill_graph_ratios():
     assert "vLLM" not in bp.graph_ratios(ours, fi)
     assert bp.graph_ratios({"B=256": {"ms_graph": None}}, fi) == ""
     assert bp.graph_ratios(ours, {"graph ckpt B=256": 0.24}) == ""
+    line = bp.graph_ratio_bf16_pool({"B=256": {"ms_graph_bf16_pool": 0.25}}, {"ms_graph_bf16_pool": 0.3})
+    assert line == "ours B=256 0.250 ms, vLLM default 0.300; ours / vLLM default 1.20x", line
+    assert bp.graph_ratio_bf16_pool(ours, {"ms_graph_bf16_pool": 0.3}) == ""
 
 
 @pytest.mark.vllm

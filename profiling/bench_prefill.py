@@ -249,19 +249,31 @@ def bench_ms(triton, fn, quick):
 
 def graph_ms(torch, triton, fn, quick):
     """fn captured once in a CUDA graph (after a warm-up call on a side stream), its replays timed:
-    the GPU's time without the host's (None off CUDA, or where the capture fails: why goes to
-    stderr, and the eager figures stand alone). fn must use persistent buffers only."""
+    the GPU's time without the host's. None off CUDA, where the capture fails, or where a replay's
+    output (fn's return, or its first item) differs from the eager call's: a graph that does not
+    compute what the eager call did times nothing (why goes to stderr; the eager figures stand
+    alone). fn must use persistent buffers only."""
     if DEVICE != "cuda":
         return None
+
+    def first(r):
+        return r[0] if isinstance(r, (tuple, list)) else r
+
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            fn()
+            ref = first(fn())
+            ref = ref.clone() if torch.is_tensor(ref) else None
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            got = first(fn())
+        graph.replay()
+        if ref is not None and not torch.equal(got, ref):
+            print("CUDA-graph timing skipped: the replay's output differs from the eager call's",
+                  file=sys.stderr, flush=True)
+            return None
         ms = bench_ms(triton, graph.replay, quick)
         del graph
         return ms

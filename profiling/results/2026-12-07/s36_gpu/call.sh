@@ -1,0 +1,30 @@
+#!/bin/bash
+# Thirty-sixth stop's device calls (from the project root, on one warm machine, back to back):
+#   1: .stage/p1 (vLLM 0.26) into /tmp/site        2: .stage/p2 into /tmp/site
+#   3: .stage/fi1 + fi2 (FlashInfer 0.6.14), then probe_one_seq.py (launch configs for one
+#      sequence) and bench_prefill --quick for one sequence of 8,192 and 32,768 tokens with ours,
+#      FlashInfer's kernel and vLLM's default GDN prefill sequence, TP 1 and 2.
+# Everything under $OUT/s36_<n>.tgz.
+set -u
+n=$1
+OUT=${OUT:-/tmp/out}; W=/tmp/s36_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
+. profiling/call_parts.sh
+export PYTHONUNBUFFERED=1
+case $n in
+  1) bash .stage/p1/unpack.sh ;;
+  2) bash .stage/p2/unpack.sh ;;
+  3)
+    device_facts
+    { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1
+    export PYTHONPATH=/tmp/site:$PWD:$PWD/profiling:$FI VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
+    part probe ${PROBE_S:-240} python3 profiling/results/2026-12-07/s36_gpu/probe_one_seq.py "$W"
+    part bench_prefill ${BENCH_S:-240} python3 profiling/bench_prefill.py --out "$W" --quick \
+      --only ours,fi,vllm_fi --tp 1,2 --shapes 1x8192,1x32768 --no-sweep --no-fla
+    sed -n '/^one sequence/,$p' "$W/probe.log"
+    grep -v "it/s" "$W/bench_prefill.log" | grep -E "^ +[0-9]+x[0-9]+" \
+      | grep -E "ours B=256|FI off|vLLM default|CUDA graphs" | cut -c1-220
+    grep -E "Error|error" "$W/probe.log" "$W/bench_prefill.log" | cut -c1-200 | head -8
+    parts_summary
+    head -3 "$W/gpu.txt"
+    tar -C "$W" -czf "$OUT/s36_$n.tgz" . ;;
+esac

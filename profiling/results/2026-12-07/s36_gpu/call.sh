@@ -7,12 +7,11 @@
 # Everything under $OUT/s36_<n>.tgz.
 set -u
 n=$1
+case $n in 1|2) exec bash profiling/results/2026-12-07/s35_gpu/call.sh "$n" ;; esac  # the same unpacking
 OUT=${OUT:-/tmp/out}; W=/tmp/s36_$n; rm -rf "$W"; mkdir -p "$W" "$OUT"
 . profiling/call_parts.sh
 export PYTHONUNBUFFERED=1
 case $n in
-  1) bash .stage/p1/unpack.sh ;;
-  2) bash .stage/p2/unpack.sh ;;
   3)
     device_facts
     { for u in .stage/fi*/unpack.sh; do bash "$u"; done; } > "$W/unpack.log" 2>&1

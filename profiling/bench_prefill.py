@@ -56,8 +56,9 @@ own slot). It reports
 A column that fails prints its error in its row; the other columns go on. Prints a table last;
 writes DIR/bench_prefill.json (date, commit, device, versions, every number) and
 DIR/bench_prefill.png (if matplotlib imports). About 1-2.5 minutes on an H200 for ours and fla at
-TP 1 (measured before the other columns existed; less with --quick); TP 2, vLLM (its autotuner)
-and FlashInfer (three compiles) add an estimated 1.5-2.5 minutes (not yet run).
+TP 1 (measured before the other columns existed; less with --quick). `--quick --only
+ours,fi,vllm_fi --tp 1,2 --no-sweep --no-fla` took 126 s on an H100, FlashInfer's and vLLM's
+first-use compiles included (2026-12-07, profiling/results/2026-12-07/s35_gpu/call3/).
 """
 
 from __future__ import annotations

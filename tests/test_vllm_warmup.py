@@ -97,8 +97,9 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi
     """fi: the workspace carries a FiWorkspace (FlashInfer's prefill path, the torch stand-in in
     FlashInfer's place): steps whose prefill starts are 64-aligned run its kernels. Steps of
     several prefill rows launch other knobs (chunk_config); at these small dims bv 64 would be
-    clipped to V = 32, so a V tile of 16 stands in for it and makes the two keys differ."""
-    monkeypatch.setattr(chunk_workspace, "MANY_SEQS_CONFIG", chunk_workspace.ChunkConfig(bv=16))
+    clipped to V = 32 and one sequence of HV 4 heads already takes a V tile of 16, so a V tile of
+    16 with two stages stands in for it and makes the two keys differ."""
+    monkeypatch.setattr(chunk_workspace, "MANY_SEQS_CONFIG", chunk_workspace.ChunkConfig(bv=16, stages=2))
     dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
     torch.manual_seed(0)
     page = (W - 1) * C * 2 + HV * V * K * 4 + 4096   # padded to a larger attention page

@@ -550,17 +550,18 @@ def test_gpu_every_accepted_config_matches_default(gpu):
 
 
 def test_chunk_config_by_sequence_count():
-    """Several prefill sequences with 16-bit inputs get the wider V tile; one sequence with at most
-    16 value heads the narrower one; one sequence with more heads or unknown heads, an unknown
+    """Several prefill sequences with 16-bit inputs get the wider V tile; at most 16 (sequence,
+    value head) pairs the narrower one; one sequence with more heads or unknown heads, an unknown
     count (a graph template) and fp32 inputs keep the default (bit-identical either way: the GPU
     test above)."""
-    from gdn_graphs.ops.workspace import MANY_SEQS_CONFIG, ONE_SEQ_FEW_HEADS_CONFIG, chunk_config
+    from gdn_graphs.ops.workspace import FEW_PAIRS_CONFIG, MANY_SEQS_CONFIG, chunk_config
     bf16 = torch.bfloat16
     assert MANY_SEQS_CONFIG.bv == 64 and MANY_SEQS_CONFIG != ChunkConfig()
-    assert ONE_SEQ_FEW_HEADS_CONFIG.bv == 16
+    assert FEW_PAIRS_CONFIG.bv == 16
     assert chunk_config(None, bf16) == chunk_config(1, bf16) == chunk_config(0, bf16) == ChunkConfig()
     assert chunk_config(1, bf16, 32) == chunk_config(None, bf16, 16) == ChunkConfig()
-    assert chunk_config(1, bf16, 16) == chunk_config(1, torch.float16, 8) == ONE_SEQ_FEW_HEADS_CONFIG
+    assert chunk_config(1, bf16, 16) == chunk_config(1, torch.float16, 8) == FEW_PAIRS_CONFIG
+    assert chunk_config(2, bf16, 8) == FEW_PAIRS_CONFIG                 # 16 pairs
     assert chunk_config(2, bf16) == chunk_config(64, torch.float16) == chunk_config(2, bf16, 16) \
-        == MANY_SEQS_CONFIG
+        == chunk_config(3, bf16, 8) == MANY_SEQS_CONFIG
     assert chunk_config(8, torch.float32) == chunk_config(1, torch.float32, 16) == ChunkConfig()

@@ -18,7 +18,8 @@ from gdn_graphs.ops.chunk import ChunkConfig, ChunkWorkspace, gdn_chunk_prefill
 from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.common import ERR_SLOT
 from gdn_graphs.ops.meta import chunk_meta, num_checkpoints
-from gdn_graphs.ops.workspace import GLUON_CONFIG, GLUON_MIN_PAIRS, MANY_SEQS_CONFIG, chunk_config
+from gdn_graphs.ops.workspace import (FEW_PAIRS_CONFIG, GLUON_CONFIG, GLUON_MIN_PAIRS, MANY_SEQS_CONFIG,
+                                     chunk_config)
 from test_chunk import make_inputs, make_pool, plan, seed_states
 
 GLUON_128 = ChunkConfig(seq_kernel="gluon", bv=128)
@@ -33,7 +34,8 @@ def test_chunk_config_picks_gluon_only_with_enough_pairs():
     assert chunk_config(8, bf16, 16, gluon_ok=True) == GLUON_CONFIG            # 128
     assert chunk_config(4, bf16, 16, gluon_ok=True) == GLUON_CONFIG            # 64
     assert chunk_config(2, bf16, 16, gluon_ok=True) == GLUON_CONFIG            # 32
-    assert chunk_config(2, bf16, 8, gluon_ok=True) == MANY_SEQS_CONFIG         # 16: not timed
+    assert chunk_config(3, bf16, 8, gluon_ok=True) == MANY_SEQS_CONFIG         # 24: not timed
+    assert chunk_config(2, bf16, 8, gluon_ok=True) == FEW_PAIRS_CONFIG         # 16: V tile 16
     assert chunk_config(8, bf16, 32, gluon_ok=False) == MANY_SEQS_CONFIG       # cannot run here
     assert chunk_config(1, bf16, 256, gluon_ok=True) == ChunkConfig()          # one sequence
     assert chunk_config(None, bf16, 32, gluon_ok=True) == ChunkConfig()        # graph template

@@ -96,9 +96,9 @@ def engine_inputs(T, style, dtype):
 def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi, monkeypatch):
     """fi: the workspace carries a FiWorkspace (FlashInfer's prefill path, the torch stand-in in
     FlashInfer's place): steps whose prefill starts are 64-aligned run its kernels. Steps of
-    several prefill rows launch other knobs (chunk_config); at these small dims bv 64 would be
-    clipped to V = 32 and one sequence of HV 4 heads already takes a V tile of 16, so a V tile of
-    16 with two stages stands in for it and makes the two keys differ."""
+    more than 16 (prefill row, value head) pairs launch other knobs (chunk_config); at these small
+    dims bv 64 would be clipped to V = 32 and up to four rows of HV 4 heads already take a V tile
+    of 16, so a V tile of 16 with two stages stands in for it and makes the keys differ."""
     monkeypatch.setattr(chunk_workspace, "MANY_SEQS_CONFIG", chunk_workspace.ChunkConfig(bv=16, stages=2))
     dtype, state_dtype, B = torch.bfloat16, torch.float32, 128
     torch.manual_seed(0)
@@ -125,7 +125,8 @@ def test_engine_steps_need_no_compile_the_warm_up_did_not_do(launches, style, fi
         ([1] * 16, list(range(100, 116))),
         ([1] * 20, list(range(200, 220))),
         ([5], [250]),                              # a short warm prefill
-        ([1, 90, 40], [303, 0, 20]),               # a decode and two prefills (other knobs)
+        ([1, 90, 40], [303, 0, 20]),               # a decode and two prefills (V tile 16)
+        ([1] + [20] * 5, [304] + [30] * 5),        # five prefills: 20 pairs (other knobs)
     ]
     if fi:  # prefills from block and 64-aligned starts, after decode rows (FlashInfer path)
         steps += [([1, 200], [303, 128]), ([1, 1, 64], [304, 130, 192]), ([70, 64], [0, 256]),

@@ -15,7 +15,7 @@ from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.common import FLOAT_DTYPES, fail
 
 __all__ = ["ChunkWorkspace", "check_workspace", "ChunkConfig", "DEFAULT_CONFIG", "MANY_SEQS_CONFIG",
-           "ONE_SEQ_FEW_HEADS_CONFIG", "chunk_config"]
+           "FEW_PAIRS_CONFIG", "chunk_config"]
 
 
 class ChunkWorkspace:
@@ -132,17 +132,17 @@ programs that re-read each chunk's q, k, T' and P. On an H200 (HV 32 / 16, bf16,
 with one sequence, whose 32 or 16 heads give too few programs to fill the SMs (0.88x / 0.83x)."""
 
 
-ONE_SEQ_FEW_HEADS_CONFIG = ChunkConfig(bv=16)
-"""For a step of one prefill sequence with 16-bit inputs and at most ONE_SEQ_FEW_HEADS_MAX_HV value
-heads (TP 2 and up for Qwen3-Next / Qwen3.5): the sequential pass is latency-bound there (one
-chunk after another), and a V tile of 16 gives HV x 8 programs (128 at HV 16) where the default
-gives HV x 4 (64 on an H100's 132 SMs). On an H100 (HV 16, bf16, a state every 256 tokens, replayed
-from a CUDA graph; profiling/results/2026-12-08/SUMMARY.md) the whole prefill took 0.259 against
-0.294 ms at 1 x 8192 and 0.973 against 1.107 ms at 1 x 32768 (1.13-1.14x); at HV 32 it was slower
-(0.69x: 256 programs, two an SM), so the default stays there. Fewer heads than 16 (TP 4, 8) were
-not timed; they leave even more SMs idle at the default tile."""
+FEW_PAIRS_CONFIG = ChunkConfig(bv=16)
+"""For a step with 16-bit inputs whose (prefill sequence, value head) pairs are at most
+FEW_PAIRS_MAX, e.g. one sequence at TP 2 and up for Qwen3-Next / Qwen3.5 (HV <= 16): the
+sequential pass is latency-bound there (one chunk after another), and a V tile of 16 gives 8
+programs a pair (128 at 16 pairs) where the default gives 4 (64 on an H100's 132 SMs). On an H100
+(HV 16, bf16, a state every 256 tokens, replayed from a CUDA graph;
+profiling/results/2026-12-08/SUMMARY.md) the whole prefill of one sequence took 0.259 against
+0.294 ms at 8,192 tokens and 0.973 against 1.107 ms at 32,768 (1.13-1.14x); with one sequence at
+HV 32 (32 pairs) it was slower (0.69x: 256 programs, two an SM), so the default stays there."""
 
-ONE_SEQ_FEW_HEADS_MAX_HV = 16
+FEW_PAIRS_MAX = 16
 
 
 GLUON_CONFIG = ChunkConfig(seq_kernel="gluon", bv=64)
@@ -171,9 +171,11 @@ def chunk_config(num_seqs: int | None, dtype: torch.dtype, HV: int | None = None
     (gdn_graphs.vllm.warmup does)."""
     if num_seqs is None or num_seqs < 1 or dtype == torch.float32:
         return DEFAULT_CONFIG  # (fp32 inputs: other tiles were never timed for them)
+    pairs = None if HV is None else num_seqs * HV
+    if pairs is not None and pairs <= FEW_PAIRS_MAX:
+        return FEW_PAIRS_CONFIG
     if num_seqs == 1:
-        few = HV is not None and HV <= ONE_SEQ_FEW_HEADS_MAX_HV
-        return ONE_SEQ_FEW_HEADS_CONFIG if few else DEFAULT_CONFIG
-    if gluon_ok and HV is not None and num_seqs * HV >= GLUON_MIN_PAIRS:
+        return DEFAULT_CONFIG
+    if gluon_ok and pairs is not None and pairs >= GLUON_MIN_PAIRS:
         return GLUON_CONFIG
     return MANY_SEQS_CONFIG

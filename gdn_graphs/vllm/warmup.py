@@ -11,8 +11,8 @@ forward (``like``: mixed_qkv, a, b, whose strides and offsets depend on how the 
 projections) and pools laid out like the engine's state pages (the caller builds them: for vLLM
 0.26, ``gdn_graphs.vllm.v0_26.pages.cache_views``). Its steps, all of whose slots are NO_SLOT (no pool is read or written): two mixed steps
 (1 and 2 decode rows, then a prefill row crossing a chunk boundary mid-chunk, then padding), the
-same two with several prefill rows (the chunk kernels' launch knobs for several sequences: two
-rows, or enough rows for the Gluon sequential kernel where it can run), the
+same two with several prefill rows (one step for each other launch config of the chunk kernels,
+``gdn_graphs.ops.workspace.chunk_config``, with the fewest rows that pick it), the
 same two with the prefill row from position 0 when the workspace carries a FiWorkspace (the
 FlashInfer prefill path: its kernels and FlashInfer's compile), and a pure decode for each decode
 tile the kernel picks by row count; with speculative decoding also spec rows of 1 + k tokens for
@@ -29,7 +29,7 @@ import torch
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.decode import default_config
-from gdn_graphs.ops.workspace import GLUON_MIN_PAIRS
+from gdn_graphs.ops.workspace import GLUON_MIN_PAIRS, chunk_config
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
@@ -83,12 +83,18 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         return False
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
-    # rows of the several-prefills steps: 2, or as many as the Gluon sequential kernel needs to be
-    # chosen (chunk_config) where it can run
-    many = 2
-    if gluon_seq_supported(torch.empty(1, HV, V, dtype=dtype, device=device), K):
-        many = max(2, -(-GLUON_MIN_PAIRS // HV))
-    T = max(2 + many * n_pre + 2, 3 * max_spec_len + n_pre, max(decode_rows) * max(max_spec_len, 1))
+    # the fewest prefill rows that pick each launch config (chunk_config's thresholds are pairs of
+    # rows and value heads up to GLUON_MIN_PAIRS, so GLUON_MIN_PAIRS + 1 rows reach every one);
+    # one row is the mixed steps'
+    gluon_ok = gluon_seq_supported(torch.empty(1, HV, V, dtype=dtype, device=device), K)
+    first_rows: dict = {}
+    for n in range(1, GLUON_MIN_PAIRS + 2):
+        first_rows.setdefault(chunk_config(n, dtype, HV, gluon_ok), n)
+    several = sorted(n for n in first_rows.values() if n > 1)
+    many = max(several, default=1)
+    short = 2                                     # the other prefill rows of those steps
+    T = max(2 + n_pre + (many - 1) * short + 2, 3 * max_spec_len + n_pre,
+            max(decode_rows) * max(max_spec_len, 1))
     if like is None:
         like = (torch.zeros(T, C, dtype=dtype, device=device),
                 torch.zeros(T, HV, dtype=dtype, device=device),
@@ -115,10 +121,13 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
     # 16-byte alignment can differ), a prefill row from position 37, padding after it
     for nd in (1, 2):
         step([*range(nd + 1), nd + n_pre], [5] * nd + [37])
-    # several prefill rows: the launch knobs for several sequences (gdn_graphs.ops.workspace.
-    # chunk_config), after the same two decode offsets
-    for nd in (1, 2):
-        step([*range(nd + 1), *(nd + i * n_pre for i in range(1, many + 1))], [5] * nd + [37] * many)
+    # several prefill rows: the other launch knobs (gdn_graphs.ops.workspace.chunk_config), after
+    # the same two decode offsets
+    # (a row like the mixed steps' and short ones: the knobs depend on the count, not the lengths)
+    for rows_n in several:
+        for nd in (1, 2):
+            step([*range(nd + 1), *(nd + n_pre + i * short for i in range(rows_n))],
+                 [5] * nd + [37] * rows_n)
     if getattr(workspace, "fi", None) is not None:
         # the FlashInfer path (a prefill row from position 0: fi_route takes it): its three
         # Triton kernels at both input offsets, and FlashInfer's own compile (8-17 s, once: its

@@ -1,9 +1,9 @@
 """Thirty-seventh stop: launch configs of the sequential kernel where few programs run, after
-chunk_config took a V tile of 16 for one sequence at HV <= 16 (ONE_SEQ_FEW_HEADS_CONFIG).
+chunk_config took a V tile of 16 for at most 16 (sequence, value head) pairs (FEW_PAIRS_CONFIG).
 
 Cases (heads, sequences x tokens, a state every 256 tokens into pool slots): TP 2 (HV 16) and
-TP 4 (HV 8, HK 4) one sequence of 8,192; TP 2 two sequences of 4,096 (where chunk_config takes the
-Gluon kernel). For each: chunk_config's pick, then the other configs below, each compared bit for
+TP 4 (HV 8, HK 4) one sequence of 8,192 and two of 4,096 (16 pairs: V tile 16); TP 2 two sequences
+of 4,096 (32 pairs: chunk_config takes the Gluon kernel). For each: chunk_config's pick, then the other configs below, each compared bit for
 bit with DEFAULT_CONFIG's output and pool and timed eagerly and replayed from a CUDA graph
 (bench_prefill.graph_ms keeps a figure only where a replay gives the eager bits). One JSON line a
 run into OUT_DIR/probe_configs.jsonl, a table last.
@@ -30,7 +30,7 @@ CONFIGS = {
     "triton bv64": ChunkConfig(bv=64),
     "gluon bv64": ChunkConfig(seq_kernel="gluon", bv=64),
 }
-CASES = [(2, 1, 8192), (4, 1, 8192), (2, 2, 4096)]  # (TP, sequences, tokens each)
+CASES = [(2, 1, 8192), (4, 1, 8192), (4, 2, 4096), (2, 2, 4096)]  # (TP, sequences, tokens each)
 HEADS = {4: (4, 8)}  # beyond bench_prefill's TP 1 / 2
 
 

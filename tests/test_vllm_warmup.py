@@ -213,7 +213,8 @@ def _engine_keys_and_warm_up_keys(launches, name, steps, style):
 def test_gluon_route_needs_no_compile_the_warm_up_did_not_do(launches, monkeypatch):
     """Where the Gluon sequential kernel can run (Hopper, K = V = 128), steps of enough prefill
     rows launch it instead of the Triton one (chunk_config). The CPU cannot run it, so here the
-    route is forced open at these small dims (GLUON_MIN_PAIRS 8: two rows of 4 heads) and its
+    route is forced open at these small dims (GLUON_MIN_PAIRS 8, after FEW_PAIRS_MAX 16: five
+    rows of 4 heads) and its
     launches only recorded: the engine's keys (steps of other token counts, pool sizes and
     checkpoint tables) must be among the warm-up's, which must have launched it."""
     from gdn_graphs.ops import chunk_gluon

@@ -29,7 +29,7 @@ import torch
 from gdn_graphs.constants import CHUNK
 from gdn_graphs.ops.chunk_gluon import gluon_seq_supported
 from gdn_graphs.ops.decode import default_config
-from gdn_graphs.ops.workspace import GLUON_MIN_PAIRS, chunk_config
+from gdn_graphs.ops.workspace import FEW_PAIRS_MAX, GLUON_MIN_PAIRS, chunk_config
 from gdn_graphs.runtime.core import GDNPools, GDNWeights, run_gdn_core
 from gdn_graphs.vllm.slots import DeviceTablePlanner
 
@@ -83,12 +83,12 @@ def warm_up_kernels(HK: int, HV: int, K: int, V: int, conv_weight: torch.Tensor,
         return False
     n_pre = 2 * CHUNK + 1                         # starts mid-chunk: partial, full, partial chunks
     decode_rows = _decode_row_counts(K, V, state_dtype, max_decode_rows)
-    # the fewest prefill rows that pick each launch config (chunk_config's thresholds are pairs of
-    # rows and value heads up to GLUON_MIN_PAIRS, so GLUON_MIN_PAIRS + 1 rows reach every one);
+    # the fewest prefill rows that pick each launch config (chunk_config's thresholds are counts
+    # of (row, value head) pairs, so one row more than the larger threshold reaches every one);
     # one row is the mixed steps'
     gluon_ok = gluon_seq_supported(torch.empty(1, HV, V, dtype=dtype, device=device), K)
     first_rows: dict = {}
-    for n in range(1, GLUON_MIN_PAIRS + 2):
+    for n in range(1, max(GLUON_MIN_PAIRS, FEW_PAIRS_MAX) + 2):
         first_rows.setdefault(chunk_config(n, dtype, HV, gluon_ok), n)
     several = sorted(n for n in first_rows.values() if n > 1)
     many = max(several, default=1)

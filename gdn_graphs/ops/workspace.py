@@ -81,8 +81,9 @@ class ChunkConfig:
     bv 64 or 128 rows of V a CTA, its warps and stages fixed by bv); both give the same bits.
 
     Defaults and limits, from sweeps on an H200: bv 32 with 4 warps and 3 stages was the fastest
-    config for bf16 inputs with one sequence (8 intra warps were slower); with several sequences
-    bv 64 is (MANY_SEQS_CONFIG, picked by chunk_config). fp32 inputs need twice the shared memory
+    config for bf16 inputs with one sequence at HV 32 (8 intra warps were slower); with several
+    sequences bv 64 is (MANY_SEQS_CONFIG), with 16 or fewer (sequence, value head) pairs bv 16
+    (FEW_PAIRS_CONFIG; both picked by chunk_config). fp32 inputs need twice the shared memory
     per stage and 3 stages do not fit in an H200's 227 KB, so ``stages=None`` means 3 for 16-bit
     inputs and 2 for fp32. ``stages=1`` is refused: with Triton 3.6 on an H200 it gave wrong
     outputs (and once an illegal memory access), while every pipelined config matched the default

@@ -141,7 +141,8 @@ programs a pair (128 at 16 pairs) where the default gives 4 (64 on an H100's 132
 (HV 16, bf16, a state every 256 tokens, replayed from a CUDA graph;
 profiling/results/2026-12-08/SUMMARY.md) the whole prefill of one sequence took 0.259 against
 0.294 ms at 8,192 tokens and 0.973 against 1.107 ms at 32,768 (1.13-1.14x); with one sequence at
-HV 32 (32 pairs) it was slower (0.69x: 256 programs, two an SM), so the default stays there."""
+HV 32 (32 pairs) it was slower (0.69x: 256 programs with 157 KB of shared memory each for their
+three stages, one an SM, so two waves), so the default stays there."""
 
 FEW_PAIRS_MAX = 16
 
